@@ -1,0 +1,425 @@
+"""T5 encoder-decoder as pure functions of an explicit params pytree and cache pytree.
+
+Shape legend: B batch, S source length, K tokens in a decoder block (1 for plain decoding, gamma+1
+for verification), T cache length, D d_model, H heads, Dk d_kv, F d_ff, V vocab, NB buckets.
+
+One implementation serves both families, chosen by the checkpoint's config:
+  * original T5 (t5-small ... t5-11b): ReLU FFN, lm_head tied to the embedding, decoder output
+    scaled by d_model**-0.5 before the head;
+  * T5 v1.1 (google/t5-v1_1-*): gated-GELU (tanh approximation) FFN, untied lm_head, no scaling.
+
+Params (weights stored [in, out], i.e. transposed from PyTorch's Linear):
+  shared [V, D]
+  encoder: rel_bias [NB, H], final_norm [D],
+           layers[i]: attn_norm [D], q/k/v [D, H*Dk], o [H*Dk, D], ffn_norm [D],
+                      wi [D, F] (relu) or wi_0, wi_1 [D, F] (gated), wo [F, D]
+  decoder: rel_bias [NB, H], final_norm [D],
+           layers[i]: self_norm, self_q/k/v/o, cross_norm, cross_q/k/v/o, ffn_norm, wi.., wo
+  lm_head [D, V]  (only when untied)
+
+Decoding uses per-row lengths: a block of K tokens for row b is written at cache positions
+lengths[b] .. lengths[b]+K-1. Rolling back is calling with a smaller length: entries past a row's
+length are masked out and overwritten later. The caller sizes the cache (`max_len`) so that
+lengths + K <= max_len always holds (XLA's dynamic_update_slice would clamp silently otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+Params = dict[str, Any]
+
+_NEG_INF = -1e30  # additive mask in float32; finite so that fully masked rows stay NaN-free
+
+
+@dataclasses.dataclass(frozen=True)
+class T5Config:
+  """Architecture of one T5 model (hashable, so it can be a static jit argument)."""
+
+  vocab_size: int
+  d_model: int
+  d_kv: int
+  d_ff: int
+  num_layers: int
+  num_decoder_layers: int
+  num_heads: int
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+  gated: bool = False  # v1.1: gated-GELU FFN; original: ReLU
+  tie_word_embeddings: bool = True  # lm_head is shared.T
+  scale_logits: bool = True  # multiply decoder output by d_model**-0.5 before the head
+  pad_token_id: int = 0
+  eos_token_id: int = 1
+  decoder_start_token_id: int = 0
+
+  def __post_init__(self):
+    for name in ('vocab_size', 'd_model', 'd_kv', 'd_ff', 'num_layers', 'num_decoder_layers',
+                 'num_heads', 'relative_attention_num_buckets', 'relative_attention_max_distance'):
+      if int(getattr(self, name)) <= 0:
+        raise ValueError(f'T5Config.{name} must be positive, got {getattr(self, name)!r}')
+
+  @classmethod
+  def from_hf(cls, hf: dict[str, Any]) -> 'T5Config':
+    """Reads a Hugging Face T5 config.json dict (transformers 4 or 5 conventions)."""
+    proj = hf.get('feed_forward_proj', 'relu')
+    act = proj.split('-')
+    gated = act[0] == 'gated'
+    act_fn = act[-1]
+    if act_fn not in ('relu', 'gelu', 'gelu_new', 'gelu_pytorch_tanh') or len(act) > 2 or (
+        len(act) == 2 and not gated):
+      raise ValueError(f'config.json: feed_forward_proj={proj!r} is not supported '
+                       "(expected 'relu' or 'gated-gelu')")
+    if not gated and act_fn != 'relu':
+      raise ValueError(f'config.json: feed_forward_proj={proj!r} is not supported '
+                       "(expected 'relu' or 'gated-gelu')")
+    tie = hf.get('tie_word_embeddings', True) is not False
+    # transformers 5 writes `scale_decoder_outputs`; older configs signal it with tie_word_embeddings.
+    scale = hf.get('scale_decoder_outputs', tie)
+    eos = hf.get('eos_token_id', 1)
+    if isinstance(eos, (list, tuple)):
+      eos = eos[0]
+    num_layers = hf.get('num_layers', 6)
+    start = hf.get('decoder_start_token_id')
+    pad = hf.get('pad_token_id')
+    return cls(
+        vocab_size=int(hf.get('vocab_size', 32128)),
+        d_model=int(hf.get('d_model', 512)),
+        d_kv=int(hf.get('d_kv', 64)),
+        d_ff=int(hf.get('d_ff', 2048)),
+        num_layers=int(num_layers),
+        num_decoder_layers=int(hf.get('num_decoder_layers') or num_layers),
+        num_heads=int(hf.get('num_heads', 8)),
+        relative_attention_num_buckets=int(hf.get('relative_attention_num_buckets', 32)),
+        relative_attention_max_distance=int(hf.get('relative_attention_max_distance', 128)),
+        layer_norm_epsilon=float(hf.get('layer_norm_epsilon', 1e-6)),
+        gated=gated,
+        tie_word_embeddings=tie,
+        scale_logits=bool(scale),
+        pad_token_id=0 if pad is None else int(pad),
+        eos_token_id=1 if eos is None else int(eos),
+        decoder_start_token_id=0 if start is None else int(start),
+    )
+
+  def to_hf(self) -> dict[str, Any]:
+    """The config.json dict transformers' T5ForConditionalGeneration reads."""
+    return {
+        'architectures': ['T5ForConditionalGeneration'],
+        'model_type': 't5',
+        'vocab_size': self.vocab_size,
+        'd_model': self.d_model,
+        'd_kv': self.d_kv,
+        'd_ff': self.d_ff,
+        'num_layers': self.num_layers,
+        'num_decoder_layers': self.num_decoder_layers,
+        'num_heads': self.num_heads,
+        'relative_attention_num_buckets': self.relative_attention_num_buckets,
+        'relative_attention_max_distance': self.relative_attention_max_distance,
+        'layer_norm_epsilon': self.layer_norm_epsilon,
+        'feed_forward_proj': 'gated-gelu' if self.gated else 'relu',
+        'tie_word_embeddings': self.tie_word_embeddings,
+        'scale_decoder_outputs': self.scale_logits,
+        'pad_token_id': self.pad_token_id,
+        'eos_token_id': self.eos_token_id,
+        'decoder_start_token_id': self.decoder_start_token_id,
+        'is_encoder_decoder': True,
+        'dropout_rate': 0.0,
+    }
+
+  @property
+  def inner_dim(self) -> int:
+    return self.num_heads * self.d_kv
+
+
+# ----------------------------------------------------------------------------- building blocks
+
+
+def rms_norm(x, w, eps):
+  """T5's LayerNorm: no mean subtraction, no bias; statistics in float32."""
+  x32 = x.astype(jnp.float32)
+  var = jnp.mean(jnp.square(x32), axis=-1, keepdims=True)
+  return (x32 * jax.lax.rsqrt(var + eps)).astype(w.dtype) * w
+
+
+def relative_position_bucket(rel, *, bidirectional: bool, num_buckets: int, max_distance: int):
+  """T5's bucketing of (key position - query position), as in Mesh TensorFlow and transformers."""
+  buckets = jnp.zeros_like(rel)
+  if bidirectional:
+    num_buckets //= 2
+    buckets = buckets + (rel > 0).astype(rel.dtype) * num_buckets
+    n = jnp.abs(rel)
+  else:
+    n = -jnp.minimum(rel, 0)
+  max_exact = num_buckets // 2
+  is_small = n < max_exact
+  # float32 like the reference implementation; n >= max_exact >= 1 wherever the value is used.
+  nf = jnp.maximum(n, 1).astype(jnp.float32)
+  large = max_exact + (jnp.log(nf / max_exact) / math.log(max_distance / max_exact) *
+                       (num_buckets - max_exact)).astype(rel.dtype)
+  large = jnp.minimum(large, num_buckets - 1)
+  return buckets + jnp.where(is_small, n, large)
+
+
+def position_bias(table_NBxH, q_pos_BxQ, k_pos_BxT, *, bidirectional, config: T5Config):
+  """Additive attention bias [B, H, Q, T] from per-row query/key positions."""
+  rel = k_pos_BxT[:, None, :] - q_pos_BxQ[:, :, None]
+  bucket = relative_position_bucket(
+      rel, bidirectional=bidirectional, num_buckets=config.relative_attention_num_buckets,
+      max_distance=config.relative_attention_max_distance)
+  bias_BxQxTxH = table_NBxH.astype(jnp.float32)[bucket]
+  return jnp.transpose(bias_BxQxTxH, (0, 3, 1, 2))
+
+
+def _heads(x_BxLxHDk, config):
+  b, l, _ = x_BxLxHDk.shape
+  return x_BxLxHDk.reshape(b, l, config.num_heads, config.d_kv)
+
+
+def attend(q_BxQxHxDk, k_BxTxHxDk, v_BxTxHxDk, bias_BxHxQxT):
+  """T5 attention: no 1/sqrt(d) scaling, float32 scores and softmax."""
+  scores = jnp.einsum('bqhd,bthd->bhqt', q_BxQxHxDk, k_BxTxHxDk,
+                      preferred_element_type=jnp.float32) + bias_BxHxQxT
+  weights = jax.nn.softmax(scores, axis=-1).astype(v_BxTxHxDk.dtype)
+  out = jnp.einsum('bhqt,bthd->bqhd', weights, v_BxTxHxDk)
+  b, q, h, d = out.shape
+  return out.reshape(b, q, h * d)
+
+
+def feed_forward(layer, x, config: T5Config):
+  if config.gated:
+    h = jax.nn.gelu(x @ layer['wi_0'], approximate=True) * (x @ layer['wi_1'])
+  else:
+    h = jax.nn.relu(x @ layer['wi'])
+  return h @ layer['wo']
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+def encode(params: Params, config: T5Config, input_ids_BxS):
+  """Encoder output [B, S, D] (params dtype) and its key mask [B, S] (pad id masked)."""
+  enc = params['encoder']
+  mask_BxS = input_ids_BxS != config.pad_token_id
+  x = params['shared'][input_ids_BxS]
+  b, s = input_ids_BxS.shape
+  pos_BxS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
+  bias = position_bias(enc['rel_bias'], pos_BxS, pos_BxS, bidirectional=True, config=config)
+  bias = bias + jnp.where(mask_BxS[:, None, None, :], 0.0, _NEG_INF)
+  for layer in enc['layers']:
+    h = rms_norm(x, layer['attn_norm'], config.layer_norm_epsilon)
+    q, k, v = (_heads(h @ layer[n], config) for n in ('q', 'k', 'v'))
+    x = x + attend(q, k, v, bias) @ layer['o']
+    h = rms_norm(x, layer['ffn_norm'], config.layer_norm_epsilon)
+    x = x + feed_forward(layer, h, config)
+  return rms_norm(x, enc['final_norm'], config.layer_norm_epsilon), mask_BxS
+
+
+# ----------------------------------------------------------------------------- decoder cache
+
+
+@struct.dataclass
+class DecoderCache:
+  """Decoder state for one batch of sources. Per layer l:
+
+  self_k[l], self_v[l]:   [B, T, H, Dk]  self-attention keys/values, valid below each row's length
+  cross_k[l], cross_v[l]: [B, S, H, Dk]  cross-attention keys/values, computed once from the encoder
+  enc_mask:               [B, S] bool    source positions that are not padding
+  """
+  self_k: tuple
+  self_v: tuple
+  cross_k: tuple
+  cross_v: tuple
+  enc_mask: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.self_k[0].shape[1]
+
+
+def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int) -> DecoderCache:
+  """Runs the encoder once and returns an empty decoder cache of `max_len` target positions."""
+  enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS)
+  b = input_ids_BxS.shape[0]
+  dtype = params['shared'].dtype
+  zeros = jnp.zeros((b, max_len, config.num_heads, config.d_kv), dtype)
+  cross_k, cross_v = [], []
+  for layer in params['decoder']['layers']:
+    cross_k.append(_heads(enc_BxSxD @ layer['cross_k'], config))
+    cross_v.append(_heads(enc_BxSxD @ layer['cross_v'], config))
+  n = config.num_decoder_layers
+  return DecoderCache(self_k=(zeros,) * n, self_v=(zeros,) * n, cross_k=tuple(cross_k),
+                      cross_v=tuple(cross_v), enc_mask=mask_BxS)
+
+
+def _write_rows(cache_BxTxHxDk, new_BxKxHxDk, lengths_B):
+  """Writes each row's block at its own offset (per-row dynamic_update_slice)."""
+  def write(c, n, start):
+    return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (start, 0, 0))
+  return jax.vmap(write)(cache_BxTxHxDk, new_BxKxHxDk, lengths_B)
+
+
+def output_logits(params: Params, config: T5Config, x_BxKxD):
+  """Final head in float32: tied heads use the embedding (and original T5 scales by d_model**-0.5)."""
+  if config.scale_logits:
+    x_BxKxD = x_BxKxD * (config.d_model ** -0.5)
+  if config.tie_word_embeddings:
+    return jnp.einsum('bkd,vd->bkv', x_BxKxD, params['shared'], preferred_element_type=jnp.float32)
+  return jnp.einsum('bkd,dv->bkv', x_BxKxD, params['lm_head'], preferred_element_type=jnp.float32)
+
+
+def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+  """Decoder block without the head: hidden states [B, K, D] and the updated cache."""
+  dec = params['decoder']
+  b, k = tokens_BxK.shape
+  t = cache.max_len
+  lengths_B = lengths_B.astype(jnp.int32)
+  q_pos_BxK = lengths_B[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
+  k_pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  self_bias = position_bias(dec['rel_bias'], q_pos_BxK, k_pos_BxT, bidirectional=False,
+                            config=config)
+  causal_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
+  self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, _NEG_INF)
+  cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, _NEG_INF).astype(jnp.float32)
+
+  x = params['shared'][tokens_BxK]
+  new_k, new_v = [], []
+  eps = config.layer_norm_epsilon
+  for i, layer in enumerate(dec['layers']):
+    h = rms_norm(x, layer['self_norm'], eps)
+    q = _heads(h @ layer['self_q'], config)
+    ck = _write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), lengths_B)
+    cv = _write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), lengths_B)
+    new_k.append(ck)
+    new_v.append(cv)
+    x = x + attend(q, ck, cv, self_bias) @ layer['self_o']
+    h = rms_norm(x, layer['cross_norm'], eps)
+    q = _heads(h @ layer['cross_q'], config)
+    x = x + attend(q, cache.cross_k[i], cache.cross_v[i], cross_bias) @ layer['cross_o']
+    h = rms_norm(x, layer['ffn_norm'], eps)
+    x = x + feed_forward(layer, h, config)
+  x = rms_norm(x, dec['final_norm'], eps)
+  return x, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
+
+
+def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+  """Feeds a block of K tokens per row at per-row offsets `lengths_B`.
+
+  Returns float32 logits [B, K, V] (position j predicts the token after tokens_BxK[:, j]) and the
+  cache with the block's keys/values written. Requires lengths_B + K <= cache.max_len.
+  """
+  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B)
+  return output_logits(params, config, x), cache
+
+
+def shift_right(labels_BxT, config: T5Config):
+  """Decoder inputs for teacher forcing: decoder_start_token_id, then labels[:-1]."""
+  start = jnp.full((labels_BxT.shape[0], 1), config.decoder_start_token_id, labels_BxT.dtype)
+  return jnp.concatenate([start, labels_BxT[:, :-1]], axis=1)
+
+
+def teacher_forced_logits(params: Params, config: T5Config, input_ids_BxS, decoder_input_ids_BxT):
+  """Float32 logits [B, T, V] for a full decoder input (the decoder input starts with the start id)."""
+  t = decoder_input_ids_BxT.shape[1]
+  cache = init_cache(params, config, input_ids_BxS, t)
+  lengths = jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
+  logits, _ = decode(params, config, cache, decoder_input_ids_BxT, lengths)
+  return logits
+
+
+# ----------------------------------------------------------------------------- model handle
+
+
+@struct.dataclass
+class T5Model:
+  """A T5 model: static config plus a params pytree. A pytree itself, so it can enter jit."""
+  params: Params
+  config: T5Config = struct.field(pytree_node=False)
+
+  @property
+  def dtype(self):
+    return self.params['shared'].dtype
+
+  def logits(self, input_ids, decoder_input_ids):
+    return _jit_logits(self, jnp.asarray(input_ids, jnp.int32),
+                       jnp.asarray(decoder_input_ids, jnp.int32))
+
+  def encode(self, input_ids):
+    return encode(self.params, self.config, input_ids)
+
+  def init_cache(self, input_ids, max_len: int) -> DecoderCache:
+    return init_cache(self.params, self.config, input_ids, max_len)
+
+  def decode(self, cache, tokens, lengths):
+    return decode(self.params, self.config, cache, tokens, lengths)
+
+  def astype(self, dtype) -> 'T5Model':
+    return self.replace(params=jax.tree.map(lambda p: p.astype(dtype), self.params))
+
+
+@jax.jit
+def _jit_logits(model: T5Model, input_ids, decoder_input_ids):
+  return teacher_forced_logits(model.params, model.config, input_ids, decoder_input_ids)
+
+
+# ----------------------------------------------------------------------------- init and sizes
+
+
+def init_params(config: T5Config, key, dtype=jnp.float32, scale: float = 1.0) -> Params:
+  """Random params with T5's initialisation scheme; `scale` widens them (tests use spread-out logits)."""
+  d, hd, f, v = config.d_model, config.inner_dim, config.d_ff, config.vocab_size
+  keys = iter(jax.random.split(key, 4 + 16 * (config.num_layers + config.num_decoder_layers)))
+
+  def normal(shape, std):
+    return (scale * std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+  def ones(n):
+    return jnp.ones((n,), dtype)
+
+  def ffn():
+    if config.gated:
+      return {'wi_0': normal((d, f), d ** -0.5), 'wi_1': normal((d, f), d ** -0.5),
+              'wo': normal((f, d), f ** -0.5)}
+    return {'wi': normal((d, f), d ** -0.5), 'wo': normal((f, d), f ** -0.5)}
+
+  def attn(prefix):
+    return {prefix + 'q': normal((d, hd), (d * config.d_kv) ** -0.5),
+            prefix + 'k': normal((d, hd), d ** -0.5), prefix + 'v': normal((d, hd), d ** -0.5),
+            prefix + 'o': normal((hd, d), hd ** -0.5)}
+
+  nb, h = config.relative_attention_num_buckets, config.num_heads
+  params = {
+      'shared': normal((v, d), 1.0),
+      'encoder': {
+          'rel_bias': normal((nb, h), d ** -0.5),
+          'layers': [{'attn_norm': ones(d), **attn(''),
+                      'ffn_norm': ones(d), **ffn()} for _ in range(config.num_layers)],
+          'final_norm': ones(d),
+      },
+      'decoder': {
+          'rel_bias': normal((nb, h), d ** -0.5),
+          'layers': [{'self_norm': ones(d), **attn('self_'), 'cross_norm': ones(d),
+                      **attn('cross_'), 'ffn_norm': ones(d), **ffn()}
+                     for _ in range(config.num_decoder_layers)],
+          'final_norm': ones(d),
+      },
+  }
+  if not config.tie_word_embeddings:
+    params['lm_head'] = normal((d, v), d ** -0.5)
+  return params
+
+
+def param_count(config: T5Config) -> int:
+  """Parameter count computed from the config (shapes of init_params, without materialising)."""
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0)))
+  return sum(math.prod(x.shape) for x in jax.tree.leaves(shapes))
+
+
+def kv_cache_bytes_per_token(config: T5Config, dtype_bytes: int = 2) -> int:
+  """Decoder self-attention cache bytes per generated token per row (K and V, all layers)."""
+  return 2 * config.num_decoder_layers * config.inner_dim * dtype_bytes
