@@ -68,7 +68,7 @@ def _build_and_save(directory, kw, seed, untie):
   _spread_out_(model, seed)
   if untie:
     gen = torch.Generator().manual_seed(seed + 1)
-    head = torch.randn(model.lm_head.weight.shape, generator=gen) * (2.0 / config.d_model ** 0.5)
+    head = torch.randn(model.lm_head.weight.shape, generator=gen) / config.d_model ** 0.5
     model.lm_head.weight = torch.nn.Parameter(head)
   model.save_pretrained(directory)
   with safe_open(os.path.join(directory, 'model.safetensors'), 'pt') as f:
