@@ -387,12 +387,13 @@ def read_config(directory) -> T5Config:
   if not file.is_file():
     raise FileNotFoundError(f'{file} not found')
   hf = _read_json(file)
-  if hf.get('model_type', 't5') != 't5':
+  if hf.get('model_type', 't5') not in ('t5', 'mt5'):  # mT5 is T5 v1.1 with a bigger vocab
     raise ValueError(f'{file}: model_type={hf.get("model_type")!r} is not a T5 checkpoint')
   try:
     return T5Config.from_hf(hf)
   except (ValueError, TypeError) as e:
-    raise ValueError(f'{file}: {_one_line(e)}') from e
+    msg = _one_line(e).removeprefix('config.json: ')
+    raise ValueError(f'{file}: {msg}') from e
 
 
 # ----------------------------------------------------------------------------- conversion
@@ -446,7 +447,8 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
     kinds[name] = (('shared',), 'embedding')
 
   # 3. Missing tensors (lm_head is optional: absent means tied).
-  missing = [_hf_name(p) for p in expected if p not in assigned and p != ('lm_head',)]
+  missing = sorted((_hf_name(p) for p in expected if p not in assigned and p != ('lm_head',)),
+                   key=lambda n: [(0, int(t), '') if t.isdigit() else (1, 0, t) for t in n.split('.')])
   if missing:
     more = f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''
     raise ValueError(f'missing tensors: {", ".join(missing[:5])}{more}')
@@ -468,30 +470,31 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
 
   def place(path, raw, transform):
     x = raw.T if transform == 'linear' else raw
-    x = np.ascontiguousarray(x).astype(jnp.dtype(dtype), copy=False)
+    # A fresh C-ordered copy: never alias a memory-mapped checkpoint into a device array.
+    x = np.array(x, dtype=jnp.dtype(dtype), order='C', copy=True)
     leaves[path] = jax.device_put(x, sharding_fn(path) if sharding_fn else None)
 
   shared_name = assigned[('shared',)]
-  shared_raw = source.load(shared_name)
+  shared_VxD = source.load(shared_name)
   used.append(shared_name)
-  place(('shared',), shared_raw, 'embedding')
+  place(('shared',), shared_VxD, 'embedding')
   for name in aliases:
     raw = source.load(name)
     used.append(name)
-    if not _same(raw, shared_raw):
+    if not _same(raw, shared_VxD):
       raise ValueError(f'tensor {name!r} differs from {shared_name!r}: T5 ties the token embeddings, '
                        'so the checkpoint is inconsistent')
     del raw
   tied = True
   head_name = assigned.get(('lm_head',))
   if head_name is not None:
-    raw = source.load(head_name)
+    head_VxD = source.load(head_name)
     used.append(head_name)
-    tied = _same(raw, shared_raw)
+    tied = _same(head_VxD, shared_VxD)
     if not tied:
-      place(('lm_head',), raw, 'linear')
-    del raw
-  del shared_raw
+      place(('lm_head',), head_VxD, 'linear')  # -> [D, V]
+    del head_VxD
+  del shared_VxD
   for name in ignored:
     used.append(name)  # not read: transformers ignores it as well
   for name, (path, transform) in kinds.items():
@@ -588,7 +591,7 @@ def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
 
 def load_tokenizer(path_or_hub_id):
   """transformers.AutoTokenizer for a checkpoint, or None if it has no tokenizer files."""
-  directory = resolve_checkpoint(path_or_hub_id)
+  directory = resolve_checkpoint(path_or_hub_id, allow_patterns=[CONFIG_NAME, *TOKENIZER_FILES])
   if not any((directory / f).is_file() for f in TOKENIZER_FILES):
     return None
   from transformers import AutoTokenizer

@@ -24,6 +24,7 @@ FAMILIES = ['original', 'v11']
 BLOCK_SIZES = (1, 2, 5, 8)
 
 _decode = jax.jit(lambda model, cache, tokens, lengths: model.decode(cache, tokens, lengths))
+_init_cache = jax.jit(lambda model, src, max_len: model.init_cache(src, max_len), static_argnums=2)
 
 
 # ----------------------------------------------------------------------------- fixtures / helpers
@@ -147,13 +148,14 @@ def test_incremental_decoding_matches_teacher_forced(family, jax_models):
   model = jax_models[family]
   v = model.config.vocab_size
   rng = np.random.default_rng(7)
-  b, total, k_max = 3, 24, max(BLOCK_SIZES)
-  src, dec = _batch(v, (11, 4, 8), total + k_max, seed=3)
+  b, total, k_max = 3, 32, max(BLOCK_SIZES)
+  # Same shapes as the long parity test ([3, 40] and [3, 40]): the jitted logits are reused.
+  src, dec = _batch(v, (17, 40, 29), total + k_max, seed=3)
   want = np.asarray(model.logits(src, dec))  # [B, total + k_max, V]
 
-  cache = model.init_cache(jnp.asarray(src, jnp.int32), total + k_max)
+  cache = _init_cache(model, jnp.asarray(src, jnp.int32), total + k_max)
   lengths = np.zeros(b, np.int64)
-  worst, checked, wrong_blocks = 0.0, 0, 0
+  worst, checked, wrong_blocks, rewinds = 0.0, 0, 0, 0
   while (lengths < total).any():
     k = int(rng.choice(BLOCK_SIZES))
     block = np.stack([dec[r, lengths[r]:lengths[r] + k] for r in range(b)])
@@ -175,10 +177,16 @@ def test_incremental_decoding_matches_teacher_forced(family, jax_models):
         worst = max(worst, float(np.abs(logits[r, :n] - ref).max()))
         checked += n
       lengths[r] += rng.integers(0, n + 1)  # accept a prefix of the right tokens (rollback rest)
+      if rng.random() < 0.1:  # occasionally rewind further, below earlier accepted positions
+        lengths[r] = max(0, lengths[r] - rng.integers(1, 4))
+        rewinds += 1
       lengths[r] = min(lengths[r], total)
-  assert wrong_blocks >= 3 and checked >= 3 * total
+  assert wrong_blocks >= 3 and rewinds >= 1 and checked >= 3 * total
   print(f'incremental {family}: max|diff| {worst:.2e}, max|logit| {np.abs(want).max():.2f}')
-  assert worst <= 1e-5, worst  # measured ~1e-6
+  # float32 noise floor: the same teacher-forced computation jitted vs eager already differs by
+  # ~2e-6 relative to the logit scale, so the bound is 1e-5 relative (measured ~2e-6 relative).
+  scale = max(1.0, float(np.abs(want).max()))
+  assert worst <= 1e-5 * scale, (worst, scale)
 
 
 @pytest.mark.parametrize('family', FAMILIES)
