@@ -129,9 +129,10 @@ def read_module(sword_root: Path, module: str, conf: dict[str, str]) -> dict[tup
   return out
 
 
+_NOTE = re.compile(r'<note\b[^>]*>.*?</note>', re.S)
 _DROP_WITH_CONTENT = [
-    re.compile(r'<note\b[^>]*>.*?</note>', re.S),                        # footnotes (with refs)
-    re.compile(r'<title\b(?![^>]*canonical="true")[^>]*>.*?</title>', re.S),  # non-canonical titles
+    _NOTE,                                                           # footnotes (with refs)
+    re.compile(r'<title>\s*<foreign>.*?</title>', re.S),             # Ps 119 stanza letters
 ]
 _TAG = re.compile(r'<[^>]*>')
 _USFM = re.compile(r'\\\+?[a-z]+\d*\*?')          # leftover USFM markers, e.g. "\nd", "\+nd*"
@@ -142,7 +143,8 @@ _SPACE_AFTER_OPEN = re.compile(r'([(\[¿¡])\s+')
 
 def clean(text: str) -> str:
   """Plain verse text from OSIS: keeps word content (Strong's/morph live in attributes only),
-  keeps canonical psalm titles (RV1909 has them inside verse 1 too), drops notes/markup."""
+  keeps psalm titles and epistle subscriptions (RV1909 has both inside the verse text too),
+  drops notes, Ps 119 stanza letters and all markup."""
   for rx in _DROP_WITH_CONTENT:
     text = rx.sub(' ', text)
   text = _TAG.sub(' ', text)
@@ -170,6 +172,69 @@ def fix_spanish(key: tuple, text: str) -> str:
   return text
 
 
+_STRONG = re.compile(r'strong:([HG]\d+)')
+SHIFT_WINDOW = 8         # verses either side searched for a better Strong's match
+SHIFT_MARGIN = 0.1       # Jaccard gain needed to move a pair off its own key
+MIN_SIMILARITY = 0.2     # Jaccard below this: not a translation of each other (when both tagged)
+LENGTH_RATIO = (0.45, 2.0)  # len(es) / len(en) in characters; outside -> split/merged verses
+
+
+def strongs(raw: str) -> frozenset:
+  return frozenset(_STRONG.findall(_NOTE.sub(' ', raw)))
+
+
+def _jaccard(a: frozenset, b: frozenset) -> float:
+  return len(a & b) / len(a | b) if a or b else 0.0
+
+
+def align(keys: list, en_raw: dict, es_raw: dict, en: dict, es: dict):
+  """[(en_key, es_key)] plus drop reasons.
+
+  Both modules claim KJV versification, but the RV1909 module stores the Spanish verse numbering
+  (Hebrew-style in places: Num 12:16 = 13:1, Job 38:39 = 39:1, Jonah 1:17 = 2:1, ...) under the
+  KJV keys: some verses are empty, whole chapters are shifted by a verse or more, and verses that
+  do not exist in KJV are appended to a chapter's last verse. Both modules tag words with Strong's
+  numbers, so each English verse is paired with the Spanish verse within +-SHIFT_WINDOW keys whose
+  Strong's set overlaps it most (its own key unless another is better by SHIFT_MARGIN); pairs whose
+  best match is poor (< MIN_SIMILARITY) or ambiguous, whose Spanish verse is claimed twice, or whose character-length ratio
+  says a verse was split or merged are dropped.
+  """
+  E = [strongs(en_raw[k]) for k in keys]
+  P = [strongs(es_raw[k]) for k in keys]
+  reasons = {'empty': [], 'dissimilar': [], 'ambiguous': [], 'claimed_twice': [], 'length_ratio': []}
+  chosen = {}
+  for i, key in enumerate(keys):
+    if not en[key]:
+      reasons['empty'].append(key)
+      continue
+    sims = {d: _jaccard(E[i], P[i + d]) for d in range(-SHIFT_WINDOW, SHIFT_WINDOW + 1)
+            if 0 <= i + d < len(keys) and es[keys[i + d]]}
+    if not sims:
+      reasons['empty'].append(key)
+      continue
+    best = max(sims, key=lambda d: (sims[d], -abs(d)))
+    if E[i] and P[i + best] and sims[best] < MIN_SIMILARITY:
+      reasons['dissimilar'].append(key)
+    elif best == 0 or sims[best] >= sims.get(0, 0.0) + SHIFT_MARGIN:
+      chosen[i] = i + best
+    else:
+      reasons['ambiguous'].append(key)
+  claims = {}
+  for i, j in chosen.items():
+    claims.setdefault(j, []).append(i)
+  pairs = []
+  for i, j in sorted(chosen.items()):
+    if len(claims[j]) > 1:
+      reasons['claimed_twice'].append(keys[i])
+      continue
+    ratio = len(es[keys[j]]) / len(en[keys[i]])
+    if not LENGTH_RATIO[0] <= ratio <= LENGTH_RATIO[1]:
+      reasons['length_ratio'].append(keys[i])
+      continue
+    pairs.append((keys[i], keys[j]))
+  return pairs, reasons
+
+
 def ref_str(key: tuple) -> str:
   return f'{key[0]} {key[1]}:{key[2]}'
 
@@ -182,7 +247,7 @@ def split_of(ref: str) -> str:
 def check_clean(row: dict):
   for lang in ('en', 'es'):
     t = row[lang]
-    if re.search(r'[<>\\]|\b[HG]\d{3,5}\b|strong:|lemma=', t):
+    if re.search(r'[<>\\]|\b[HG]\d{3,5}\b|strong:[HG]?\d|lemma=', t):
       sys.exit(f'markup left in {row["ref"]} [{lang}]: {t!r}')
 
 
@@ -223,28 +288,30 @@ def build_corpus(out: Path, workdir: Path) -> dict:
         f'Encoding={conf.get("encoding")}, Versification={conf.get("versification")})')
     texts[lang] = read_module(sword_root, module, conf)
 
-  if list(texts['en']) != list(texts['es']):
+  keys = list(texts['en'])
+  if keys != list(texts['es']):
     sys.exit('the two modules do not enumerate the same verse keys')
+  en = {k: clean(texts['en'][k]) for k in keys}
+  es = {k: fix_spanish(k, clean(texts['es'][k])) for k in keys}
+  pairs, reasons = align(keys, texts['en'], texts['es'], en, es)
   rows = {'train': [], 'dev': [], 'test': []}
-  dropped = []
-  for key in texts['en']:
-    en = clean(texts['en'][key])
-    es = fix_spanish(key, clean(texts['es'][key]))
-    ref = ref_str(key)
-    if not en or not es:
-      dropped.append(ref)
-      continue
-    row = {'ref': ref, 'en': en, 'es': es}
+  shifted = []
+  for en_key, es_key in pairs:
+    ref = ref_str(en_key)
+    row = {'ref': ref, 'en': en[en_key], 'es': es[es_key]}
+    if es_key != en_key:
+      shifted.append(f'{ref}={ref_str(es_key)}')
     check_clean(row)
     rows[split_of(ref)].append(row)
   out.mkdir(parents=True, exist_ok=True)
   for split, split_rows in rows.items():
     write_jsonl_gz(out / f'{split}.jsonl.gz', split_rows)
-  meta['verses_total'] = len(texts['en'])
-  meta['dropped_empty'] = dropped
+  meta['verses_total'] = len(keys)
+  meta['dropped'] = {r: [ref_str(k) for k in ks] for r, ks in reasons.items()}
+  meta['shifted'] = shifted
   meta['counts'] = {k: len(v) for k, v in rows.items()}
-  log(f'verses in versification: {meta["verses_total"]}; dropped (empty side): {len(dropped)} '
-      f'{dropped}')
+  log(f'verses in versification: {meta["verses_total"]}; paired with a shifted Spanish key: '
+      f'{len(shifted)}; dropped: ' + ', '.join(f'{r}={len(v)}' for r, v in meta['dropped'].items()))
   log('pairs: ' + ', '.join(f'{k}={v}' for k, v in meta['counts'].items()))
   return meta
 

@@ -51,10 +51,13 @@ SAFETENSORS_NAME = 'model.safetensors'
 SAFETENSORS_INDEX = 'model.safetensors.index.json'
 BIN_NAME = 'pytorch_model.bin'
 BIN_INDEX = 'pytorch_model.bin.index.json'
-TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'spiece.model', 'special_tokens_map.json',
-                   'added_tokens.json')
-HUB_PATTERNS = ['config.json', 'generation_config.json', '*.safetensors', 'model.safetensors.index.json',
-                'pytorch_model*.bin', 'pytorch_model.bin.index.json', *TOKENIZER_FILES]
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'spiece.model',
+                   'special_tokens_map.json', 'added_tokens.json')
+HUB_PATTERNS = ['config.json', 'generation_config.json', '*.safetensors',
+                'model.safetensors.index.json', 'pytorch_model*.bin',
+                'pytorch_model.bin.index.json', *TOKENIZER_FILES]
+
+WEIGHT_FILES = (SAFETENSORS_INDEX, SAFETENSORS_NAME, BIN_INDEX, BIN_NAME)  # in order of preference
 
 SHARED = 'shared.weight'
 LM_HEAD = 'lm_head.weight'
@@ -68,7 +71,7 @@ IGNORED = ('decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weig
 
 @dataclasses.dataclass(frozen=True)
 class Rule:
-  """One family of tensors: `template` with `{i}` for the layer index, its regex, its params path."""
+  """One family of tensors: `template` ({i}: layer index), its regex, its params path."""
   template: str  # Hugging Face name, e.g. 'encoder.block.{i}.layer.0.SelfAttention.q.weight'
   path: Callable[..., tuple]  # layer index (if any) -> params path
   transform: str  # 'linear' | 'embedding' | 'vector'
@@ -101,7 +104,8 @@ def _build_rules() -> list[Rule]:
   ]
   for x in 'qkvo':
     rules.append(_layer_rules('encoder', f'layer.0.SelfAttention.{x}.weight', x, 'linear'))
-    rules.append(_layer_rules('decoder', f'layer.0.SelfAttention.{x}.weight', f'self_{x}', 'linear'))
+    rules.append(_layer_rules('decoder', f'layer.0.SelfAttention.{x}.weight', f'self_{x}',
+                              'linear'))
     rules.append(_layer_rules('decoder', f'layer.1.EncDecAttention.{x}.weight', f'cross_{x}',
                               'linear'))
   rules += [
@@ -185,9 +189,6 @@ class TensorSource:
   def load(self, name: str) -> np.ndarray:
     raise NotImplementedError
 
-  def where(self, name: str) -> str:
-    return name
-
   def close(self):
     pass
 
@@ -261,9 +262,6 @@ class SafetensorsSource(TensorSource):
     except Exception as e:
       raise ValueError(f'corrupt safetensors file {file} (tensor {name!r}): {_one_line(e)}') from e
 
-  def where(self, name):
-    return f'{name} ({self._files[name].name})'
-
   def close(self):
     self._handles.clear()
 
@@ -320,9 +318,6 @@ class TorchBinSource(TensorSource):
 
   def load(self, name):
     return _to_numpy(self._tensor(name))
-
-  def where(self, name):
-    return f'{name} ({self._files[name].name})'
 
   def close(self):
     self._shards.clear()
@@ -447,8 +442,10 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
     kinds[name] = (('shared',), 'embedding')
 
   # 3. Missing tensors (lm_head is optional: absent means tied).
+  def natural(name):
+    return [(0, int(t), '') if t.isdigit() else (1, 0, t) for t in name.split('.')]
   missing = sorted((_hf_name(p) for p in expected if p not in assigned and p != ('lm_head',)),
-                   key=lambda n: [(0, int(t), '') if t.isdigit() else (1, 0, t) for t in n.split('.')])
+                   key=natural)
   if missing:
     more = f' (and {len(missing) - 5} more)' if len(missing) > 5 else ''
     raise ValueError(f'missing tensors: {", ".join(missing[:5])}{more}')
@@ -482,8 +479,8 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
     raw = source.load(name)
     used.append(name)
     if not _same(raw, shared_VxD):
-      raise ValueError(f'tensor {name!r} differs from {shared_name!r}: T5 ties the token embeddings, '
-                       'so the checkpoint is inconsistent')
+      raise ValueError(f'tensor {name!r} differs from {shared_name!r}: T5 ties the token '
+                       'embeddings, so the checkpoint is inconsistent')
     del raw
   tied = True
   head_name = assigned.get(('lm_head',))
@@ -539,10 +536,12 @@ def _looks_like_hub_id(s: str) -> bool:
           and (os.sep == '/' or os.sep not in s))
 
 
-def resolve_checkpoint(path_or_hub_id, allow_patterns=None) -> Path:
+def resolve_checkpoint(path_or_hub_id, allow_patterns=None, need_weights=True) -> Path:
   """A local directory for `path_or_hub_id`: itself if it is a directory, else a hub snapshot.
 
-  Offline (HF_HUB_OFFLINE=1) only the local Hugging Face cache is tried, so this fails at once.
+  The local Hugging Face cache is tried first; offline (HF_HUB_OFFLINE=1) nothing else is, so a
+  model that is not cached fails at once. A cached snapshot without weights (e.g. only the
+  tokenizer was fetched) does not count when `need_weights`.
   """
   s = os.fspath(path_or_hub_id)
   p = Path(s).expanduser()
@@ -559,7 +558,9 @@ def resolve_checkpoint(path_or_hub_id, allow_patterns=None) -> Path:
                             'installed to fetch it as a hub id)') from None
   patterns = allow_patterns or HUB_PATTERNS
   try:  # the local cache first: no network, no retries
-    return Path(snapshot_download(s, allow_patterns=patterns, local_files_only=True))
+    cached = Path(snapshot_download(s, allow_patterns=patterns, local_files_only=True))
+    if not need_weights or any((cached / n).is_file() for n in WEIGHT_FILES):
+      return cached
   except Exception:
     pass
   if _offline():
@@ -577,7 +578,7 @@ def resolve_checkpoint(path_or_hub_id, allow_patterns=None) -> Path:
 
 
 def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
-  """Loads a Hugging Face T5 checkpoint (directory or hub id) into a T5Model with params in `dtype`."""
+  """Loads a Hugging Face T5 checkpoint (directory or hub id): a T5Model with params in `dtype`."""
   if mesh is not None:
     raise ValueError('load_t5: mesh is not supported yet')
   directory = resolve_checkpoint(path_or_hub_id)
@@ -591,7 +592,8 @@ def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
 
 def load_tokenizer(path_or_hub_id):
   """transformers.AutoTokenizer for a checkpoint, or None if it has no tokenizer files."""
-  directory = resolve_checkpoint(path_or_hub_id, allow_patterns=[CONFIG_NAME, *TOKENIZER_FILES])
+  directory = resolve_checkpoint(path_or_hub_id, allow_patterns=[CONFIG_NAME, *TOKENIZER_FILES],
+                                 need_weights=False)
   if not any((directory / f).is_file() for f in TOKENIZER_FILES):
     return None
   from transformers import AutoTokenizer

@@ -524,8 +524,8 @@ def make_schedule(o: OptimSpec, steps: int):
 def make_optimizer(o: OptimSpec, steps: int):
   schedule = make_schedule(o, steps)
   if o.name == 'adafactor':  # as T5X: factored second moments, update clipping, param-scaled lr
-    opt = optax.adafactor(learning_rate=schedule, decay_rate=o.b2 if o.b2 != 0.999 else 0.8,
-                          momentum=o.b1 or None, weight_decay_rate=o.weight_decay or None)
+    opt = optax.adafactor(learning_rate=schedule, momentum=o.b1 or None,
+                          weight_decay_rate=o.weight_decay or None)
   else:
     opt = optax.adamw(schedule, b1=o.b1, b2=o.b2, weight_decay=o.weight_decay)
   if o.clip_norm > 0:
@@ -629,10 +629,11 @@ def _write_json(path: Path, obj):
   os.replace(tmp, path)
 
 
-def _model_config(spec: FinetuneSpec, tokenizer, key) -> tuple[T5Model | None, T5Config]:
-  """The model (None when a checkpoint will replace it) and its config; saved in the workdir."""
+def _model_for_run(spec: FinetuneSpec, tokenizer, key, resuming: bool):
+  """(model or None when a checkpoint will replace its params, config); the architecture is
+  fixed by the first run in workdir/model_config.json, so resuming never re-reads `init_from`."""
   saved = Path(spec.workdir) / 'model_config.json'
-  if saved.is_file():  # resuming: the architecture was fixed by the first run
+  if resuming and saved.is_file():
     return None, T5Config.from_hf(json.loads(saved.read_text()))
   model = build_model(spec, tokenizer, key)
   _write_json(saved, model.config.to_hf())
@@ -651,8 +652,7 @@ def train(cfg) -> dict[str, Any]:
 
   mngr = checkpoint_manager(spec)
   latest = mngr.latest_step()
-  model, config = _model_config(spec, tokenizer, key) if latest is None else (
-      None, T5Config.from_hf(json.loads((workdir / 'model_config.json').read_text())))
+  model, config = _model_for_run(spec, tokenizer, key, resuming=latest is not None)
   if config.vocab_size < len(tokenizer):
     raise ConfigError(f'config.data.tokenizer: {len(tokenizer)} tokens do not fit the model '
                       f'vocabulary ({config.vocab_size})')
@@ -764,23 +764,23 @@ def train(cfg) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- entry point
 
+_CONFIG = None
+
 
 def main(argv):
-  from absl import app
-  del argv
-  from ml_collections import config_flags
-  cfg = config_flags.DEFINE_config_file  # noqa: F841 (defined at import below)
+  if len(argv) > 1:
+    from absl import app
+    raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
   try:
     train(_CONFIG.value)
   except ConfigError as e:
-    raise app.UsageError(str(e)) from None
+    print(f'error: {e}', file=sys.stderr)
+    sys.exit(2)
 
-
-_CONFIG = None
 
 if __name__ == '__main__':
   from absl import app
   from ml_collections import config_flags
-  _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/finetune/<experiment>.py[:arg]',
+  _CONFIG = config_flags.DEFINE_config_file('config', None, 'configs/finetune/<run>.py[:arg]',
                                             lock_config=True)
   app.run(main)

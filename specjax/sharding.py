@@ -284,13 +284,13 @@ def cache_shardings(config: T5Config, mesh: Mesh, batch_size: int | None = None)
 def constrain_cache(cache: DecoderCache, config: T5Config, mesh: Mesh | None = None) -> DecoderCache:
   """Inside jit: pins the cache layout with `with_sharding_constraint` (no-op without a mesh).
 
-  `mesh=None` uses the mesh set by `jax.set_mesh` if any; with no mesh at all (single device,
-  or sharded arguments without a mesh context) the cache is returned unchanged and the layout is
-  left to propagation.
+  `mesh=None` uses the mesh set by `jax.set_mesh` if any (read inside jit as the abstract mesh);
+  with no mesh at all (single device, or sharded arguments without a mesh context) the cache is
+  returned unchanged and the layout is left to propagation.
   """
   if mesh is None:
-    mesh = jax.sharding.get_mesh()
-    if mesh is None or mesh.empty:
+    mesh = jax.sharding.get_abstract_mesh()  # the mesh of `jax.set_mesh`, visible inside jit
+    if mesh.empty or not set(MESH_AXES) <= set(mesh.axis_names):
       return cache
   specs = cache_partition_spec(config, mesh, cache.enc_mask.shape[0])
   return jax.tree.map(lambda x, s: jax.lax.with_sharding_constraint(x, NamedSharding(mesh, s)),

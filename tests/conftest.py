@@ -19,7 +19,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-# ----------------------------------------------------------------------------- tiny HF T5 checkpoints
+# ------------------------------------------------------------------------ tiny HF T5 checkpoints
 
 # Deliberately awkward sizes: heads * d_kv != d_model, more decoder than encoder layers, and
 # max_distance below the long-sequence test lengths (~40) so the log buckets saturate.

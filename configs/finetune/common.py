@@ -1,0 +1,116 @@
+"""Defaults of every fine-tuning config, each field documented once, here.
+
+A config file in configs/finetune/ is one training run: `get_config(arg)` returns a ConfigDict, any
+field can be overridden on the command line (`--config.steps=500 --config.optim.learning_rate=3e-4`),
+and `specjax.finetune.finetune_spec` validates it (one-line errors naming the field) before anything
+is loaded. `smoke` (an arg of every config) swaps in a tiny model, the shipped Bible corpus and a few
+steps, so the tests run every config's code path offline in seconds.
+"""
+
+import ml_collections
+
+from configs.common import parse_arg  # noqa: F401  (re-exported for the configs here)
+
+
+def t5_v11(d_model, num_layers, num_decoder_layers, num_heads, d_kv, d_ff, vocab_size=0):
+  """A T5 v1.1-style architecture (gated-GELU, untied head, unscaled logits) for training from
+  scratch; vocab_size 0 = the tokenizer's size."""
+  return ml_collections.ConfigDict(dict(
+      vocab_size=vocab_size, d_model=d_model, d_kv=d_kv, d_ff=d_ff, num_layers=num_layers,
+      num_decoder_layers=num_decoder_layers, num_heads=num_heads,
+      relative_attention_num_buckets=32, relative_attention_max_distance=128, gated=True,
+      tie_word_embeddings=False, scale_logits=False))
+
+
+def base_config():
+  c = ml_collections.ConfigDict()
+  c.name = 'finetune'               # shown in logs and the progress bar
+  c.workdir = 'runs/finetune'       # checkpoints/, cache/ (tokenised data), train.log, metrics.jsonl,
+                                    # results.json; re-running the same command resumes from here
+  c.export_dir = ''                 # Hugging Face directory written at the end ('' = workdir/export)
+  c.seed = 0                        # params init and the data order
+  c.steps = 1000                    # total optimiser steps (a resumed run stops at the same total)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.init_from = ''            # HF directory or hub id ('google/t5-v1_1-base'); '' = from scratch
+  c.model.t5 = t5_v11(256, 4, 4, 4, 64, 1024)   # architecture from scratch (ignored with init_from)
+  c.model.param_dtype = 'float32'   # params and optimiser state during training
+  c.model.export_dtype = 'float32'  # safetensors dtype of the export ('bfloat16' halves the size)
+
+  c.data = ml_collections.ConfigDict()
+  c.data.task = 'bible_en_es'       # shipped offline corpus, or a specjax.data.load_task name
+                                    # ('wmt_ende', 'cnndm': Hugging Face datasets at run time)
+  c.data.source_field = 'en'        # record field read as the source ...
+  c.data.target_field = 'es'        # ... and as the target
+  c.data.prefix = ''                # prepended to every source (T5 task prefix)
+  c.data.tokenizer = 'bible'        # 'bible' (shipped SentencePiece), '' = init_from's, or a dir/hub id
+  c.data.source_buckets = (16, 32, 48, 64)   # padded source lengths; the last is the maximum
+  c.data.target_buckets = (16, 32, 48, 64)   # padded target lengths, one per source bucket
+  c.data.long_examples = 'drop'     # longer than the last bucket: 'drop' or 'truncate' (keeps EOS)
+  c.data.batch_size = 32            # examples per step (divisible by the mesh's data axis)
+  c.data.train_examples = 0         # use only the first N training examples (0 = all)
+  c.data.eval_examples = 256        # dev examples for the periodic dev loss
+  c.data.bleu_examples = 128        # dev examples decoded greedily for BLEU at the end (0 = skip)
+  c.data.distill_from = ''          # teacher checkpoint: train on its greedy outputs instead of the
+                                    # references (sequence-level distillation of a draft)
+
+  c.optim = ml_collections.ConfigDict()
+  c.optim.name = 'adamw'            # 'adamw' or 'adafactor' (T5X's: factored second moments,
+                                    # update clipping, lr scaled by the params' RMS)
+  c.optim.learning_rate = 1e-3      # peak learning rate
+  c.optim.schedule = 'cosine'       # 'constant' | 'cosine' | 'linear' | 'rsqrt' (after the warmup)
+  c.optim.warmup_steps = 100        # linear warmup from 0
+  c.optim.end_lr_fraction = 0.1     # cosine / linear: final lr = learning_rate * end_lr_fraction
+  c.optim.weight_decay = 0.0        # decoupled (adamw); adafactor: weight_decay_rate
+  c.optim.b1 = 0.9                  # adamw beta1; adafactor momentum (0 = none, as T5X)
+  c.optim.b2 = 0.98                 # adamw beta2 (adafactor uses its own decay_rate 0.8)
+  c.optim.clip_norm = 1.0           # global gradient-norm clipping (0 = off)
+  c.optim.label_smoothing = 0.0
+  c.optim.z_loss = 0.0              # T5X's log(Z)^2 auxiliary loss weight (1e-4 there)
+
+  c.log_every = 50                  # train-loss log lines (steps)
+  c.eval_every = 500                # dev loss (steps; 0 = only at the end)
+  c.checkpoint_every = 500          # orbax save interval (steps); a kill loses at most this many
+  c.keep_checkpoints = 2            # newest checkpoints kept
+  c.bleu_batch_size = 64            # rows per greedy-decoding batch (BLEU, distillation)
+  c.mesh_shape = (-1, 1)            # (data, model) device mesh; (-1, 1) = data parallel
+  c.progress = True                 # tqdm bar with loss and steps/s
+  c.throttle_s = 0.0                # sleep per step; only tests that interrupt a run set it
+  return c
+
+
+def tiny_model():
+  """The smoke-test architecture: trains in seconds, same code path."""
+  return t5_v11(d_model=32, num_layers=1, num_decoder_layers=1, num_heads=2, d_kv=16, d_ff=64)
+
+
+def apply_smoke(c, name):
+  """Shrinks a config to a seconds-long offline run: tiny model from scratch, the Bible corpus,
+  few steps, frequent checkpoints."""
+  c.name = f'{name}_smoke'
+  c.workdir = f'runs/{name}_smoke'
+  c.export_dir = ''
+  c.steps = 40
+  c.model.init_from = ''
+  c.model.t5 = tiny_model()
+  c.model.param_dtype = 'float32'
+  c.model.export_dtype = 'float32'
+  c.data.task = 'bible_en_es'
+  c.data.source_field, c.data.target_field = 'en', 'es'
+  c.data.tokenizer = 'bible'
+  c.data.source_buckets = (32,)
+  c.data.target_buckets = (32,)
+  c.data.long_examples = 'drop'
+  c.data.batch_size = 8
+  c.data.train_examples = 400
+  c.data.eval_examples = 16
+  c.data.bleu_examples = 8
+  c.data.distill_from = ''
+  c.optim.warmup_steps = 5
+  c.log_every = 10
+  c.eval_every = 20
+  c.checkpoint_every = 10
+  c.keep_checkpoints = 2
+  c.bleu_batch_size = 8
+  c.mesh_shape = (-1, 1)
+  return c

@@ -1,0 +1,192 @@
+"""specjax.finetune: training loop, kill-and-resume, HF export, task configs, config errors.
+
+Everything runs the `:smoke` variants (a 1+1-layer d_model 32 model on a 400-verse slice of the
+shipped Bible corpus), offline, on CPU.
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SMOKE_STEPS = 40
+
+
+def _env():
+  env = dict(os.environ, JAX_PLATFORMS='cpu', HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1',
+             PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  return env
+
+
+def _command(workdir, *extra):
+  return [sys.executable, '-m', 'specjax.finetune',
+          '--config=configs/finetune/bible_target.py:smoke', f'--config.workdir={workdir}',
+          '--config.progress=false', *extra]
+
+
+def _smoke(module_name, arg='smoke', **overrides):
+  import importlib
+  cfg = importlib.import_module(f'configs.finetune.{module_name}').get_config(arg)
+  cfg.progress = False
+  for key, value in overrides.items():
+    node = cfg
+    *path, last = key.split('.')
+    for p in path:
+      node = node[p]
+    node[last] = value
+  return cfg
+
+
+def _checkpoints(workdir):
+  d = Path(workdir) / 'checkpoints'
+  return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.is_dir() else []
+
+
+@pytest.fixture(scope='module')
+def resumed_run(tmp_path_factory):
+  """Starts the smoke run, SIGKILLs it once the first checkpoint is on disk, runs it again."""
+  workdir = tmp_path_factory.mktemp('ft') / 'run'
+  # throttle_s keeps the run slow enough that the kill lands before it ends.
+  cmd = _command(workdir, '--config.throttle_s=0.1')
+  first = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True)
+  deadline = time.time() + 150
+  while not _checkpoints(workdir):
+    assert first.poll() is None, f'run ended before its first checkpoint:\n{first.stdout.read()}'
+    assert time.time() < deadline, 'no checkpoint within 150 s'
+    time.sleep(0.05)
+  seen = _checkpoints(workdir)
+  first.send_signal(signal.SIGKILL)
+  out1 = first.communicate()[0]
+  assert first.returncode == -signal.SIGKILL
+  assert not (workdir / 'results.json').exists(), 'the first run finished before the kill'
+  second = subprocess.run(_command(workdir), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+  assert second.returncode == 0, second.stdout + second.stderr
+  return {'workdir': workdir, 'seen': seen, 'out1': out1, 'out2': second.stdout}
+
+
+def test_kill_and_resume(resumed_run):
+  out = resumed_run['out2']
+  m = re.search(r'resumed from checkpoint step (\d+)', out)
+  assert m, out
+  resumed = int(m.group(1))
+  assert resumed > 0 and resumed >= max(resumed_run['seen']), (resumed, resumed_run['seen'])
+  assert resumed % 10 == 0  # the checkpoint interval of the smoke config
+  results = json.loads((resumed_run['workdir'] / 'results.json').read_text())
+  assert results['steps'] == SMOKE_STEPS
+  assert re.search(rf'step {SMOKE_STEPS} loss', out), out
+  assert _checkpoints(resumed_run['workdir'])[-1] == SMOKE_STEPS
+  assert len(_checkpoints(resumed_run['workdir'])) <= 2  # keep_checkpoints
+
+
+def test_resume_matches_uninterrupted_run(resumed_run, tmp_path):
+  """Nothing is lost or repeated: params, optimiser state and data position all came back."""
+  from safetensors.numpy import load_file
+  from specjax import finetune
+  finetune.train(_smoke('bible_target', workdir=str(tmp_path / 'straight')))
+  a = load_file(resumed_run['workdir'] / 'export' / 'model.safetensors')
+  b = load_file(tmp_path / 'straight' / 'export' / 'model.safetensors')
+  assert a.keys() == b.keys()
+  for k in a:
+    np.testing.assert_allclose(a[k], b[k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_export_loads_in_specjax_and_transformers(resumed_run):
+  import torch
+  from transformers import T5ForConditionalGeneration
+  import specjax
+  export = resumed_run['workdir'] / 'export'
+  assert {'config.json', 'model.safetensors'} <= {p.name for p in export.iterdir()}
+  tok = specjax.load_tokenizer(export)
+  assert tok is not None and tok.eos_token_id == 1 and tok.pad_token_id == 0
+  model = specjax.load_t5(export)
+  assert model.config.gated and not model.config.tie_word_embeddings
+  ids = tok(['In the beginning God created the heaven.', 'Jesus wept.'], return_tensors='np',
+            padding=True).input_ids
+  dec = np.array([[0, 5, 9, 14], [0, 7, 3, 1]])
+  ours = np.asarray(model.logits(ids, dec))
+  hf = T5ForConditionalGeneration.from_pretrained(export).eval()
+  with torch.no_grad():
+    theirs = hf(input_ids=torch.tensor(ids), attention_mask=torch.tensor(ids != 0),
+                decoder_input_ids=torch.tensor(dec)).logits.float().numpy()
+  np.testing.assert_allclose(ours, theirs, atol=2e-4, rtol=2e-4)
+
+
+def test_loss_decreases_and_cnndm_smoke(tmp_path):
+  from specjax import finetune
+  res = finetune.train(_smoke('cnndm_v11', workdir=str(tmp_path / 'c'), steps=30,
+                              **{'optim.learning_rate': 3e-3}))
+  lines = [json.loads(l) for l in (tmp_path / 'c' / 'metrics.jsonl').read_text().splitlines()]
+  train = [l['train_loss'] for l in lines if 'train_loss' in l]
+  assert len(train) == 3 and train[-1] < train[0] - 0.5, train
+  assert res['steps'] == 30 and np.isfinite(res['dev_loss']) and 'dev_bleu' in res
+
+
+def test_wmt_smoke_from_checkpoint(resumed_run, tmp_path):
+  """The v1.1 route: init_from a HF directory, its own tokenizer, Adafactor."""
+  from specjax import finetune
+  export = str(resumed_run['workdir'] / 'export')
+  res = finetune.train(_smoke('wmt_ende_v11', workdir=str(tmp_path / 'w'), steps=10,
+                              **{'model.init_from': export, 'data.tokenizer': ''}))
+  assert res['steps'] == 10 and np.isfinite(res['dev_loss'])
+  spec = finetune.finetune_spec(_smoke('wmt_ende_v11'))
+  assert spec.optim.name == 'adafactor' and spec.data.prefix.startswith('translate English')
+  full = finetune.finetune_spec(_smoke('wmt_ende_v11', arg='xxl'))
+  assert full.model.init_from == 'google/t5-v1_1-xxl' and full.data.task == 'wmt_ende'
+  full = finetune.finetune_spec(_smoke('cnndm_v11', arg='size=base'))
+  assert full.model.init_from == 'google/t5-v1_1-base' and full.data.task == 'cnndm'
+
+
+@pytest.mark.parametrize('key,value,field', [
+    ('optim.learning_rate', -1.0, 'config.optim.learning_rate'),
+    ('optim.name', 'sgd', 'config.optim.name'),
+    ('steps', 0, 'config.steps'),
+    ('data.batch_size', -3, 'config.data.batch_size'),
+    ('data.target_buckets', (16,), 'config.data.target_buckets'),
+    ('data.source_buckets', (64, 32), 'config.data.source_buckets'),
+    ('data.long_examples', 'cut', 'config.data.long_examples'),
+    ('model.t5.d_model', 0, 'config.model.t5.d_model'),
+    ('model.param_dtype', 'float16', 'config.model.param_dtype'),
+    ('model.init_from', '/nonexistent/ckpt', 'config.model.init_from'),
+    ('mesh_shape', (1, 2, 3), 'config.mesh_shape'),
+])
+def test_bad_config_one_line_error(key, value, field):
+  from specjax import finetune
+  from specjax.config import ConfigError
+  cfg = _smoke('bible_target')
+  node = cfg
+  *path, last = key.split('.')
+  for p in path:
+    node = node[p]
+  node[last] = value
+  with pytest.raises(ConfigError) as e:
+    finetune.finetune_spec(cfg)
+  msg = str(e.value)
+  assert '\n' not in msg and msg.startswith(field + ':'), msg
+
+
+def test_unknown_config_key_named():
+  from specjax import finetune
+  from specjax.config import ConfigError
+  cfg = _smoke('bible_target')
+  cfg.optim.unlock()
+  cfg.optim.lr = 1e-3
+  with pytest.raises(ConfigError, match=r'^config\.optim\.lr: unknown config key'):
+    finetune.finetune_spec(cfg)
+
+
+def test_cli_bad_value_is_one_line(tmp_path):
+  proc = subprocess.run(_command(tmp_path / 'bad', '--config.optim.learning_rate=-1'), cwd=ROOT,
+                        env=_env(), capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 2
+  assert proc.stderr.strip().splitlines()[-1] == (
+      'error: config.optim.learning_rate: must be > 0, got -1.0'), proc.stderr
