@@ -12,7 +12,10 @@ Steps:
   2. Read both SWORD zText modules verse by verse with pysword (checks each module's .conf:
      ModDrv=zText, Versification=KJV, SourceType=OSIS, Encoding=UTF-8).
   3. Strip OSIS markup (Strong's <w lemma=...> wrappers, footnotes, milestones, USFM leftovers such
-     as `\\nd`, pilcrows), align by (book, chapter, verse), drop pairs with an empty side.
+     as `\\nd`, pilcrows). Align: although both .conf files say Versification=KJV, the RV1909
+     module keeps Spanish verse numbers in ~20 chapters (Num 13, Job 39-40, Jonah 2, ...), so each
+     KJV verse is paired with the Spanish verse within +-8 keys sharing the most Strong's numbers
+     (see `align`); ambiguous, dissimilar, merged/split and empty pairs are dropped.
   4. Split deterministically by a SHA-256 hash of the reference ("Gen 1:1"): buckets 0..15 of 1000
      -> dev, 16..31 -> test, rest -> train (~1.6% each, ~500 verses). Written as gzip JSONL
      ({"ref", "en", "es"}, canonical Bible order, gzip mtime 0), so reruns are byte-identical.
@@ -50,7 +53,7 @@ DEFAULT_OUT = REPO / 'specjax' / 'assets' / 'bible_en_es'
 PACKAGES = {'en': ('sword-text-kjv', 'engKJV2006eb'), 'es': ('sword-text-sparv', 'spaRV1909eb')}
 DEV_BUCKETS = range(0, 16)      # of 1000
 TEST_BUCKETS = range(16, 32)
-DEFAULT_VOCAB = 3000
+DEFAULT_VOCAB = 4000
 
 # Names of the Hebrew letters heading each 8-verse stanza of Psalm 119. The KJV module has them as
 # non-canonical <title>s (dropped below); RV1909 has them as plain text at the start of the verse,
@@ -326,22 +329,27 @@ def train_tokenizer(out: Path, vocab_size: int) -> dict:
   train = read_jsonl_gz(out / 'train.jsonl.gz')
   tok_dir = out / 'tokenizer'
   with tempfile.TemporaryDirectory() as tmp:
-    corpus = Path(tmp) / 'train.txt'
-    corpus.write_text(''.join(f'{r["en"]}\n{r["es"]}\n' for r in train), encoding='utf-8')
+    tmp = Path(tmp)
+    model = io.BytesIO()
     spm.set_random_generator_seed(0)
+    # Sentences from an iterator and the model into memory: no temp paths end up in the model's
+    # trainer_spec, so reruns give a byte-identical spiece.model.
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(Path(tmp) / 'spiece'), model_type='unigram',
-        vocab_size=vocab_size, character_coverage=1.0, pad_id=0, eos_id=1, unk_id=2, bos_id=-1,
-        pad_piece='<pad>', eos_piece='</s>', unk_piece='<unk>', num_threads=1,
-        normalization_rule_name='nmt_nfkc', max_sentence_length=8192, minloglevel=2)
+        sentence_iterator=(r[lang] for r in train for lang in ('en', 'es')), model_writer=model,
+        model_type='unigram', vocab_size=vocab_size, character_coverage=1.0,
+        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece='<pad>', eos_piece='</s>',
+        unk_piece='<unk>', num_threads=1, normalization_rule_name='nmt_nfkc',
+        max_sentence_length=8192, minloglevel=2)
+    (tmp / 'spiece.model').write_bytes(model.getvalue())
     if tok_dir.exists():
       shutil.rmtree(tok_dir)
-    tok = T5Tokenizer(vocab_file=str(Path(tmp) / 'spiece.model'), extra_ids=0)
+    # from_pretrained on a directory holding spiece.model converts it (transformers 5's
+    # T5Tokenizer(vocab_file=...) ignores a .model file and builds an empty vocab).
+    tok = T5Tokenizer.from_pretrained(str(tmp), extra_ids=0)
     tok.save_pretrained(str(tok_dir))
-  # transformers 5 does not copy spiece.model for the (now tokenizers-backed) T5Tokenizer in every
-  # version; make sure both formats are there so transformers 4 (slow or fast) also loads it.
-  if not (tok_dir / 'spiece.model').exists():
-    raise SystemExit(f'{tok_dir}/spiece.model was not written')
+    # transformers 5 writes only tokenizer.json + tokenizer_config.json; ship spiece.model too so
+    # transformers 4's sentencepiece-backed T5Tokenizer (and plain sentencepiece) can load it.
+    shutil.copy(tmp / 'spiece.model', tok_dir / 'spiece.model')
   tok = AutoTokenizer.from_pretrained(str(tok_dir))
   ids = {'pad': tok.pad_token_id, 'eos': tok.eos_token_id, 'unk': tok.unk_token_id}
   if ids != {'pad': 0, 'eos': 1, 'unk': 2}:
@@ -349,6 +357,10 @@ def train_tokenizer(out: Path, vocab_size: int) -> dict:
   sample = 'Y dijo Dios: Júntense las aguas; ¿quién es éste? El niño añadió: ¡Ay!'
   if tok.decode(tok(sample).input_ids, skip_special_tokens=True) != sample:
     raise SystemExit('tokenizer does not round-trip ' + repr(sample))
+  sp = spm.SentencePieceProcessor(model_file=str(tok_dir / 'spiece.model'))
+  probe = [r[lang] for r in train[:2000] for lang in ('en', 'es')]
+  if [sp.encode(t) + [1] for t in probe] != tok(probe).input_ids:
+    raise SystemExit('tokenizer.json and spiece.model disagree')
   stats = {'vocab_size': len(tok)}
   for lang in ('en', 'es'):
     lens = [len(x) for x in tok([r[lang] for r in train]).input_ids]   # includes </s>
@@ -369,7 +381,7 @@ def write_readme(out: Path, meta: dict, tok: dict, vocab_size: int):
            for p in sorted(out.rglob('*')) if p.is_file() and p.name != 'README.md'}
   def lic(lang):
     text = meta['packages'][lang]['copyright']
-    m = re.search(r'^Files: \*\n(.*?)(?=\n\n)', text, re.S | re.M)
+    m = re.search(r'^Files: \*\n(.*?)(?=\n\n|\Z)', text, re.S | re.M)
     return '\n'.join('    ' + line for line in (m.group(0) if m else text).splitlines())
   p, mo, c = meta['packages'], meta['modules'], meta['counts']
   lines = [
@@ -389,8 +401,25 @@ def write_readme(out: Path, meta: dict, tok: dict, vocab_size: int):
       f'{mo["es"]["Version"]}, {mo["es"]["SwordVersionDate"]}), Debian package '
       f'`{p["es"]["package"]}` {p["es"]["version"]} (`{p["es"]["deb"]}`, sha256 '
       f'{p["es"]["sha256"]}).',
-      '- Both modules: zText, OSIS markup, Encoding=UTF-8, Versification=KJV, so verses are aligned',
-      '  by (book, chapter, verse) directly.',
+      '- Both modules: zText, OSIS markup, Encoding=UTF-8, `Versification=KJV` in their .conf.',
+      '',
+      '## Alignment',
+      '',
+      'Both modules store text under the same 31,102 KJV verse keys, but the RV1909 module keeps',
+      'Spanish (Hebrew-style) verse numbers in some chapters: e.g. KJV Num 12:16 is Spanish 13:1, so',
+      'Spanish Num 13 is shifted by one verse and its extra last verse is appended to 13:33; likewise',
+      'Job 38-40, 1 Sam 24, Num 30, 1 Chr 21, 2 Chr 33, 1 Kgs 22, Hos 12, Jonah 2, ... Both modules tag',
+      'words with Strong\'s numbers, so each English verse is paired with the Spanish verse, within',
+      '8 keys either side, whose Strong\'s set has the highest Jaccard overlap (its own key unless',
+      'another is better by 0.1). `ref` is always the KJV reference of the English verse.',
+      '',
+      f'{len(meta["shifted"])} pairs use a Spanish verse stored under another key. Dropped:',
+      *[f'- {r.replace("_", " ")}: {len(v)}' for r, v in meta['dropped'].items()],
+      '',
+      '(empty: no Spanish text near; dissimilar: best overlap < 0.2; ambiguous: a neighbour matches',
+      'about as well as the own key; claimed twice: two English verses map to one Spanish verse,',
+      'i.e. merged verses; length ratio: Spanish/English characters outside [0.45, 2.0], i.e. split',
+      'verses). The lists and the shifted pairs are in `meta.json`.',
       '',
       '## Licence',
       '',
@@ -419,9 +448,6 @@ def write_readme(out: Path, meta: dict, tok: dict, vocab_size: int):
       *[f'| {k} | {v} |' for k, v in c.items()],
       f'| total | {sum(c.values())} |',
       '',
-      f'Versification has {meta["verses_total"]} verses; {len(meta["dropped_empty"])} pairs dropped '
-      f'because one side is empty ({", ".join(meta["dropped_empty"]) or "none"}).',
-      '',
       'Split: SHA-256 of `ref`, first 8 hex digits mod 1000: 0-15 -> dev, 16-31 -> test, rest -> train',
       '(random verses across all books, so dev/test match the train distribution; parallel passages',
       'such as Kings/Chronicles or the synoptic gospels mean some test verses have close train',
@@ -429,10 +455,9 @@ def write_readme(out: Path, meta: dict, tok: dict, vocab_size: int):
       '',
       'Cleaning: Strong\'s `<w lemma=...>` wrappers, footnotes (`<note>`), milestones, line/poetry',
       'markup, `<transChange>` tags (their added words are kept), leftover USFM markers (`\\nd`),',
-      'pilcrows and Hebrew letters removed; canonical psalm titles kept (RV1909 has them inside',
-      'verse 1 too); KJV non-canonical titles (Pauline subscriptions, Psalm 119 stanza letters)',
-      'dropped, and the stanza letter names removed from RV1909 Psalm 119; RV1909 chapter-initial',
-      'capitalised word normalised (`EN el principio` -> `En el principio`). RV1909 keeps its 1909',
+      'pilcrows and Hebrew letters removed; psalm titles and the epistles\' closing subscriptions',
+      'kept (RV1909 has both inside the verse text too); Psalm 119 stanza letters dropped from both',
+      'sides; RV1909 chapter-initial capitalised word normalised (`EN el principio` -> `En el principio`). RV1909 keeps its 1909',
       'orthography (`á` as a preposition, `fué`, `Châm`).',
       '',
       '## Tokenizer',

@@ -2,11 +2,14 @@
 
 from specjax.checkpoints import load_t5, load_tokenizer, save_t5
 from specjax.decoding import DecodeOutput, SpecStats, autoregressive_decode, speculative_decode
-from specjax.drafts import ModelDraft
+from specjax.drafts import (BigramDraft, ModelDraft, PromptLookupDraft, UnigramDraft, fit_bigram,
+                            fit_unigram, load_ngram, save_ngram)
 from specjax.sampling import Sampling
 from specjax.t5 import DecoderCache, T5Config, T5Model, init_params
 
 __all__ = [
+    'BigramDraft', 'PromptLookupDraft', 'UnigramDraft', 'fit_bigram', 'fit_unigram', 'load_ngram',
+    'save_ngram',
     'DecodeOutput', 'DecoderCache', 'ModelDraft', 'Sampling', 'SpecStats', 'T5Config', 'T5Model',
     'autoregressive_decode', 'init_params', 'load_t5', 'load_tokenizer', 'save_t5',
     'speculative_decode',

@@ -319,7 +319,8 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new
   """
   sampling = _sampling(temperature, top_k, top_p)
   draft = _as_draft(draft)
-  vocab_draft = draft.model.config.vocab_size if isinstance(draft, ModelDraft) else None
+  vocab_draft = (draft.model.config.vocab_size if isinstance(draft, ModelDraft)
+                 else getattr(draft, 'vocab_size', None))
   _check_inputs(input_ids, max_new_tokens, gamma, sampling, target.config.vocab_size,
                 vocab_draft)
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)

@@ -117,6 +117,10 @@ def _target_sequences(token_id_lists, vocab_size: int, eos_id, pad_id) -> list[n
   """Normalised int64 sequences: trailing pad stripped, EOS appended; ids checked in [0, V)."""
   if isinstance(token_id_lists, np.ndarray) and token_id_lists.ndim == 1:
     token_id_lists = [token_id_lists]
+  token_id_lists = list(token_id_lists)
+  if token_id_lists and np.ndim(token_id_lists[0]) == 0:
+    raise ValueError('expected a list of token-id sequences (or a 2-D array), got a flat list of '
+                     'ids: wrap a single sequence as [ids]')
   out = []
   for ids in token_id_lists:
     ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -288,9 +292,10 @@ def fit_bigram(token_id_lists, vocab_size: int, smoothing: float = 1.0, *, top_k
   v = int(vocab_size)
   seqs = _target_sequences(token_id_lists, v, eos_id, pad_id)
   unigram_V = _smoothed_unigram(seqs, v, unigram_smoothing)
-  prev = np.concatenate([np.concatenate([[start_id], s[:-1]]) for s in seqs] + [np.zeros(0)])
-  nxt = np.concatenate(list(seqs) + [np.zeros(0)])
-  pairs, counts = np.unique(prev.astype(np.int64) * v + nxt.astype(np.int64), return_counts=True)
+  empty = np.zeros((0,), np.int64)
+  prev = np.concatenate([np.concatenate([[start_id], s[:-1]]) for s in seqs] + [empty])
+  nxt = np.concatenate(seqs + [empty])
+  pairs, counts = np.unique(prev.astype(np.int64) * v + nxt, return_counts=True)
   a, x = pairs // v, pairs % v
   n_a = np.bincount(a, weights=counts, minlength=v)
   order = np.lexsort((x, -counts, a))  # by row, then count descending, then id ascending
@@ -306,7 +311,8 @@ def fit_bigram(token_id_lists, vocab_size: int, smoothing: float = 1.0, *, top_k
     raise ValueError('fit_bigram: smoothing == 0 leaves unseen rows undefined; use smoothing > 0')
   weights_VxK = kept_VxK / denom_V[:, None]
   backoff_V = (n_a - kept_VxK.sum(1) + smoothing) / denom_V
-  return BigramDraft(ids_VxK=jnp.asarray(ids_VxK), weights_VxK=jnp.asarray(weights_VxK, jnp.float32),
+  return BigramDraft(ids_VxK=jnp.asarray(ids_VxK),
+                     weights_VxK=jnp.asarray(weights_VxK, jnp.float32),
                      backoff_V=jnp.asarray(backoff_V, jnp.float32),
                      unigram_V=jnp.asarray(unigram_V, jnp.float32))
 

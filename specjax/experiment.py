@@ -118,15 +118,23 @@ def build_draft(spec: RunSpec, draft: str, target, tokenizer, task: str):
   """A T5 draft from a checkpoint, or an n-gram / prompt-lookup draft fitted for this target."""
   from specjax import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
   from specjax.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+  vocab = target.config.vocab_size
   if draft == 'prompt_lookup':
-    return drafts_lib.PromptLookupDraft()
+    return drafts_lib.PromptLookupDraft(vocab_size=vocab)
   if draft in ('unigram', 'bigram'):
+    # Fitted once per (task, data, size); cached next to the results so a resumed sweep reuses it.
+    cache = os.path.join(spec.output_dir, f'{draft}_{task}_{spec.ngram_examples}.npz')
+    if os.path.exists(cache):
+      return drafts_lib.load_ngram(cache)
     texts = _ngram_texts(spec, task)
     token_lists = [tokenizer(t)['input_ids'] for t in texts]
-    vocab = target.config.vocab_size
-    if draft == 'unigram':
-      return drafts_lib.fit_unigram(token_lists, vocab)
-    return drafts_lib.fit_bigram(token_lists, vocab)
+    fit = drafts_lib.fit_unigram if draft == 'unigram' else drafts_lib.fit_bigram
+    fitted = fit(token_lists, vocab)
+    os.makedirs(spec.output_dir, exist_ok=True)
+    tmp = cache + '.tmp.npz'
+    drafts_lib.save_ngram(fitted, tmp)
+    os.replace(tmp, cache)
+    return fitted
   model = load_t5(draft, dtype=_dtype(spec))
   if model.config.vocab_size != target.config.vocab_size:
     raise config_lib.ConfigError(

@@ -58,7 +58,8 @@ LONG_EXAMPLES = ('drop', 'truncate')
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
   init_from: str            # HF directory or hub id; '' = from scratch with `t5`
-  t5: T5Config | None       # architecture from scratch (vocab_size 0 in the config = tokenizer's)
+  t5: T5Config | None       # architecture from scratch
+  vocab_size: int           # from scratch: t5.vocab_size as configured (0 = the tokenizer's size)
   param_dtype: str          # training dtype of the params
   export_dtype: str         # dtype of the exported safetensors
 
@@ -74,7 +75,7 @@ class DataSpec:
   target_buckets: tuple[int, ...]
   long_examples: str        # 'drop' | 'truncate'
   batch_size: int
-  train_examples: int       # 0 = all
+  train_examples: int       # 0 = all, else a random subset of this size (seeded)
   eval_examples: int        # dev examples for the periodic dev loss
   bleu_examples: int        # dev examples decoded for BLEU at the end (0 = skip)
   distill_from: str         # teacher checkpoint: train on its greedy outputs ('' = references)
@@ -122,16 +123,14 @@ def _one(cd, group: str, name: str):
     raise ConfigError(f'config.{group}{name}: missing config key') from None
 
 
-def _read_group(cd, group: str, cls, casts: dict[str, Any]) -> dict[str, Any]:
-  """Reads the fields of `cls` from ConfigDict `cd`, casting each; unknown keys are errors."""
-  names = [f.name for f in dataclasses.fields(cls)]
+def _read_group(cd, group: str, casts: dict[str, Any], subgroups=()) -> dict[str, Any]:
+  """Reads the keys of `casts` from ConfigDict `cd`, casting each; unknown keys are errors."""
+  names = list(casts) + list(subgroups)
   for key in cd.keys():
     if key not in names:
       raise ConfigError(f'config.{group}{key}: unknown config key (known: {", ".join(names)})')
   out = {}
-  for name in names:
-    if name not in casts:
-      continue
+  for name in casts:
     value = _one(cd, group, name)
     cast = casts[name]
     try:
@@ -178,22 +177,22 @@ def finetune_spec(cfg) -> FinetuneSpec:
   """ConfigDict (see configs/finetune/common.py) -> validated FinetuneSpec; ConfigError otherwise."""
   if isinstance(cfg, FinetuneSpec):
     return cfg
-  top = _read_group(cfg, '', FinetuneSpec, dict(
+  top = _read_group(cfg, '', dict(
       name=str, workdir=str, export_dir=str, seed=_int, steps=_int, log_every=_int,
       eval_every=_int, checkpoint_every=_int, keep_checkpoints=_int, bleu_batch_size=_int,
-      mesh_shape=_ints, progress=_bool, throttle_s=float))
-  m = _read_group(_one(cfg, '', 'model'), 'model.', ModelSpec,
-                  dict(init_from=str, param_dtype=str, export_dtype=str))
-  d = _read_group(_one(cfg, '', 'data'), 'data.', DataSpec, dict(
+      mesh_shape=_ints, progress=_bool, throttle_s=float), subgroups=('model', 'data', 'optim'))
+  m = _read_group(_one(cfg, '', 'model'), 'model.',
+                  dict(init_from=str, param_dtype=str, export_dtype=str), subgroups=('t5',))
+  d = _read_group(_one(cfg, '', 'data'), 'data.', dict(
       task=str, source_field=str, target_field=str, prefix=str, tokenizer=str,
       source_buckets=_ints, target_buckets=_ints, long_examples=str, batch_size=_int,
       train_examples=_int, eval_examples=_int, bleu_examples=_int, distill_from=str))
-  o = _read_group(_one(cfg, '', 'optim'), 'optim.', OptimSpec, dict(
+  o = _read_group(_one(cfg, '', 'optim'), 'optim.', dict(
       name=str, learning_rate=float, schedule=str, warmup_steps=_int, end_lr_fraction=float,
       weight_decay=float, b1=float, b2=float, clip_norm=float, label_smoothing=float,
       z_loss=float))
 
-  t5 = None
+  t5, vocab = None, 0
   if not m['init_from']:
     t5_cd = _one(cfg.model, 'model.', 't5')
     known = {f.name for f in dataclasses.fields(T5Config)}
@@ -211,16 +210,14 @@ def finetune_spec(cfg) -> FinetuneSpec:
         raise ConfigError(f'config.model.t5.{key}: cannot read {value!r}') from None
     vocab = kw.get('vocab_size', 0)
     _require(vocab >= 0, 'model.t5.vocab_size', '>= 0 (0 = the tokenizer\'s size)', vocab)
-    kw['vocab_size'] = vocab or 1  # placeholder until the tokenizer is known
+    kw['vocab_size'] = vocab or 1  # placeholder: ModelSpec.vocab_size = 0 means the tokenizer's
     try:
       t5 = T5Config(**kw)
     except TypeError as e:
       raise ConfigError(f'config.model.t5: {e}') from None
     except ValueError as e:  # T5Config.<field> must be positive ...
       raise ConfigError(f'config.model.t5.{str(e).split(".", 1)[1]}') from None
-    if vocab == 0:
-      t5 = dataclasses.replace(t5, vocab_size=0)  # bypasses __post_init__: filled in later
-  spec = FinetuneSpec(model=ModelSpec(t5=t5, **m), data=DataSpec(**d), optim=OptimSpec(**o),
+  spec = FinetuneSpec(model=ModelSpec(t5=t5, vocab_size=vocab, **m), data=DataSpec(**d), optim=OptimSpec(**o),
                       **top)
   _validate(spec)
   return spec
@@ -340,38 +337,50 @@ def _unflat(flat, lens):
 
 
 def tokenize_split(spec: FinetuneSpec, tokenizer, split: str, limit: int = 0,
-                   distill: T5Model | None = None, log=print) -> Tokenized:
-  """Tokenises a split once; later calls (and resumed runs) read workdir/cache/<split>-<key>.npz."""
+                   distill_from: str = '', log=print) -> Tokenized:
+  """Tokenises a split once; later calls (and resumed runs) read workdir/cache/<split>-<key>.npz.
+
+  The key covers the texts, the tokenizer's vocabulary and the length settings. With
+  `distill_from` (a checkpoint) the targets are that model's greedy outputs (sequence-level
+  distillation); examples whose source is too long, or whose output does not end within the last
+  target bucket, keep their reference.
+  """
   d = spec.data
+  sources, targets = load_examples(d, split)
+  if limit and limit < len(sources):  # a seeded random subset, in corpus order
+    keep = np.sort(np.random.default_rng(spec.seed).choice(len(sources), limit, replace=False))
+    sources, targets = [sources[i] for i in keep], [targets[i] for i in keep]
   eos = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 1
-  key = json.dumps([d.task, d.source_field, d.target_field, d.prefix, d.tokenizer,
-                    spec.model.init_from, len(tokenizer), d.source_buckets[-1],
-                    d.target_buckets[-1], d.long_examples, limit, split,
-                    _fingerprint(d.distill_from) if distill is not None else ''])
-  digest = hashlib.sha1(key.encode()).hexdigest()[:12]
-  cache = Path(spec.workdir) / 'cache' / f'{split}-{digest}.npz'
+  sha = lambda x: hashlib.sha1(x.encode()).hexdigest()
+  key = json.dumps([sha('\0'.join(sources + targets)),
+                    sha(json.dumps(sorted(tokenizer.get_vocab().items()))),
+                    d.source_buckets[-1], d.target_buckets[-1], d.long_examples, split,
+                    _fingerprint(distill_from) if distill_from else ''])
+  cache = Path(spec.workdir) / 'cache' / f'{split}-{sha(key)[:12]}.npz'
   if cache.is_file():
     z = np.load(cache, allow_pickle=False)
-    return Tokenized(_unflat(z['src'], z['src_len']), _unflat(z['tgt'], z['tgt_len']),
-                     [str(t) for t in z['texts']])
-  sources, targets = load_examples(d, split)
-  if limit:
-    sources, targets = sources[:limit], targets[:limit]
+    return Tokenized(_unflat(z['src'], z['src_len']), _unflat(z['tgt'], z['tgt_len']), targets)
   truncate = d.long_examples == 'truncate'
   src = encode_texts(tokenizer, sources, d.source_buckets[-1] if truncate else None, eos)
   tgt = encode_texts(tokenizer, targets, d.target_buckets[-1] if truncate else None, eos)
-  if distill is not None:
-    log(f'distillation: decoding {len(src)} {split} sources greedily with {d.distill_from}')
-    tgt = greedy_ids(distill, src, d, spec.bleu_batch_size, progress=spec.progress)
-  tok = Tokenized(src, tgt, list(targets))
+  if distill_from:
+    t0 = time.time()
+    fits = [i for i, s in enumerate(src) if len(s) <= d.source_buckets[-1]]
+    log(f'distillation: decoding {len(fits)} {split} sources greedily with {distill_from}')
+    out = greedy_ids(load_t5(distill_from), [src[i] for i in fits], d, spec.bleu_batch_size,
+                     progress=spec.progress)
+    done = [(i, o) for i, o in zip(fits, out) if len(o) and o[-1] == eos]
+    for i, o in done:
+      tgt[i] = o
+    log(f'distillation: {len(done)}/{len(src)} targets from the teacher in '
+        f'{time.time() - t0:.0f}s')
   cache.parent.mkdir(parents=True, exist_ok=True)
   s_flat, s_len = _flat(src)
   t_flat, t_len = _flat(tgt)
   tmp = cache.with_name(cache.name + f'.tmp{os.getpid()}.npz')
-  np.savez(tmp, src=s_flat, src_len=s_len, tgt=t_flat, tgt_len=t_len,
-           texts=np.asarray(targets, dtype=str))
+  np.savez(tmp, src=s_flat, src_len=s_len, tgt=t_flat, tgt_len=t_len)
   os.replace(tmp, cache)
-  return tok
+  return Tokenized(src, tgt, targets)
 
 
 def _fingerprint(path: str) -> str:
@@ -387,14 +396,14 @@ class Batches:
   remainder below batch_size sits the epoch out); the batches of all buckets are then shuffled.
   """
 
-  def __init__(self, data: Tokenized, d: DataSpec, seed: int):
+  def __init__(self, data: Tokenized, d: DataSpec, seed: int, train: bool = True):
     self.data, self.d, self.seed = data, d, seed
     bucket = _bucket_of([len(s) for s in data.sources], [len(t) for t in data.targets], d)
     self.kept = np.flatnonzero(bucket >= 0)
     self.bucket = bucket
     self.batches_per_epoch = sum(
         int(np.sum(bucket == b)) // d.batch_size for b in range(len(d.source_buckets)))
-    if self.batches_per_epoch == 0:
+    if train and self.batches_per_epoch == 0:
       raise ConfigError(f'config.data.batch_size: {d.batch_size} is larger than every bucket '
                         f'({len(self.kept)} training examples fit the buckets)')
     self.epoch, self.position = 0, 0
@@ -459,7 +468,7 @@ def greedy_ids(model: T5Model, sources: list[np.ndarray], d: DataSpec, batch_siz
   bar = _bar(len(chunks), 'decode', progress)
   for idx in chunks:
     longest = max(len(sources[i]) for i in idx)
-    length = next((b for b in d.source_buckets if b >= longest), longest)
+    length = next((b for b in d.source_buckets if b >= longest), -(-longest // 16) * 16)
     ids = pad_batch([sources[i] for i in idx], length, rows=batch_size)
     res = autoregressive_decode(model, ids, max_new_tokens=max_new)
     toks, lens = np.asarray(res.tokens), np.asarray(res.lengths)
@@ -494,7 +503,7 @@ def build_model(spec: FinetuneSpec, tokenizer, key) -> T5Model:
 
 def scratch_config(spec: FinetuneSpec, tokenizer) -> T5Config:
   c = spec.model.t5
-  vocab = c.vocab_size or len(tokenizer)
+  vocab = spec.model.vocab_size or len(tokenizer)
   if vocab < len(tokenizer):
     raise ConfigError(f'config.model.t5.vocab_size: {vocab} is smaller than the tokenizer '
                       f'({len(tokenizer)} tokens)')
@@ -644,43 +653,47 @@ def train(cfg) -> dict[str, Any]:
   """Trains (or resumes) the run described by `cfg`; returns the final metrics and export path."""
   spec = finetune_spec(cfg)
   t_start = time.time()
-  workdir = Path(spec.workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  Path(spec.workdir).mkdir(parents=True, exist_ok=True)
   log = _Log(spec.workdir)
+  mngr = checkpoint_manager(spec)
+  try:
+    return _train(spec, mngr, log, t_start)
+  finally:
+    mngr.close()  # waits for a save in flight, also when training failed
+
+
+def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
+  workdir = Path(spec.workdir)
   tokenizer = get_tokenizer(spec)
   key = jax.random.PRNGKey(spec.seed)
-
-  mngr = checkpoint_manager(spec)
   latest = mngr.latest_step()
   model, config = _model_for_run(spec, tokenizer, key, resuming=latest is not None)
   if config.vocab_size < len(tokenizer):
     raise ConfigError(f'config.data.tokenizer: {len(tokenizer)} tokens do not fit the model '
                       f'vocabulary ({config.vocab_size})')
 
-  teacher = None
-  if spec.data.distill_from:
-    teacher = load_t5(spec.data.distill_from)
-  train_data = tokenize_split(spec, tokenizer, 'train', spec.data.train_examples, teacher, log)
-  dev_data = tokenize_split(spec, tokenizer, 'dev', max(spec.data.eval_examples,
-                                                        spec.data.bleu_examples))
-  del teacher
+  train_data = tokenize_split(spec, tokenizer, 'train', spec.data.train_examples,
+                              spec.data.distill_from, log)
+  dev_data = tokenize_split(spec, tokenizer, 'dev',
+                            max(spec.data.eval_examples, spec.data.bleu_examples))
   batches = Batches(train_data, spec.data, spec.seed)
-  dev_eval = Tokenized(dev_data.sources[:spec.data.eval_examples],
-                       dev_data.targets[:spec.data.eval_examples], [])
+  n_eval = spec.data.eval_examples
+  dev_eval = Batches(Tokenized(dev_data.sources[:n_eval], dev_data.targets[:n_eval], []),
+                     spec.data, 0, train=False)
   log(f'{spec.name}: {len(batches.kept)}/{len(train_data.sources)} training examples fit the '
       f'buckets {list(zip(spec.data.source_buckets, spec.data.target_buckets))}; '
       f'{batches.batches_per_epoch} batches of {spec.data.batch_size} per epoch')
 
+  # Shardings of the whole train state, from the compiled init (nothing allocated).
   mesh = sharding_lib.make_mesh(spec.mesh_shape)
   optimizer, schedule = make_optimizer(spec.optim, spec.steps)
-  abstract_params = (jax.eval_shape(lambda: model.params) if model is not None else
-                     jax.eval_shape(lambda: init_params(config, key,
-                                                        jnp.dtype(spec.model.param_dtype))))
+  abstract_params = jax.eval_shape(
+      lambda: model.params if model is not None else
+      init_params(config, key, jnp.dtype(spec.model.param_dtype)))
   p_shard = sharding_lib.param_shardings(abstract_params, config, mesh)
   init_fn = jax.jit(lambda p: {'params': p, 'opt_state': optimizer.init(p),
                                'step': jnp.zeros((), jnp.int32)}, in_shardings=(p_shard,))
   state_shardings = init_fn.lower(abstract_params).compile().output_shardings
-  state_shardings['step'] = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
   batch_sharding = sharding_lib.batch_sharding(mesh, spec.data.batch_size)
 
   if latest is not None:
@@ -692,58 +705,55 @@ def train(cfg) -> dict[str, Any]:
         f'batch {batches.position})')
   else:
     state = init_fn(jax.device_put(model.params, p_shard))
-    del model
     log(f'{spec.name}: new run, {sum(x.size for x in jax.tree.leaves(state["params"])):,} params')
-  _write_json(workdir / 'config.json', json.loads(json.dumps(
-      dataclasses.asdict(spec), default=str)))
-
+  del model
+  _write_json(workdir / 'config.json',
+              json.loads(json.dumps(dataclasses.asdict(spec), default=str)))
   train_step, eval_step = make_steps(spec, config, optimizer, state_shardings, batch_sharding)
 
   def dev_loss(params) -> float:
-    tot, n = 0.0, 0.0
-    for batch in Batches(dev_eval, spec.data, 0).eval_batches(spec.data.batch_size):
-      s, c = eval_step(params, batch)
-      tot, n = tot + float(s), n + float(c)
-    return tot / max(n, 1.0)
+    sums = [eval_step(params, b) for b in dev_eval.eval_batches(spec.data.batch_size)]
+    sums = jax.device_get(sums)
+    return float(sum(s for s, _ in sums) / max(sum(n for _, n in sums), 1.0))
 
   step = int(state['step'])
   bar = _bar(spec.steps, spec.name, spec.progress, initial=step)
-  window, t_window, last_dev = [], time.time(), None
-  metrics_file = open(workdir / 'metrics.jsonl', 'a', buffering=1)
-  while step < spec.steps:
-    batch = next(batches)
-    state, metrics = train_step(state, batch)
-    step += 1
-    window.append(metrics)
-    if spec.throttle_s:
-      time.sleep(spec.throttle_s)
-    bar.update(1)
-    if step % spec.log_every == 0 or step == spec.steps:
-      m = jax.device_get(window)
-      loss = sum(x['ce_sum'] for x in m) / max(sum(x['tokens'] for x in m), 1.0)
-      rate = len(window) / max(time.time() - t_window, 1e-9)
-      bar.set_postfix(loss=f'{loss:.3f}', steps_s=f'{rate:.2f}')
-      log(f'step {step} loss {loss:.4f} lr {float(schedule(step)):.2e} '
-          f'grad_norm {float(m[-1]["grad_norm"]):.2f} {rate:.2f} steps/s')
-      metrics_file.write(json.dumps({'step': step, 'train_loss': loss, 'steps_per_s': rate}) + '\n')
-      window, t_window = [], time.time()
-    if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps and dev_eval.sources:
-      last_dev = dev_loss(state['params'])
-      log(f'step {step} dev_loss {last_dev:.4f}')
-      metrics_file.write(json.dumps({'step': step, 'dev_loss': last_dev}) + '\n')
-    if _save(mngr, step, state, batches.state()):
-      log(f'step {step} checkpoint saving')
-  bar.close()
-  if mngr.latest_step() != step:
-    _save(mngr, step, state, batches.state(), force=True)
-  mngr.wait_until_finished()
-  mngr.close()
-  train_time = time.time() - t_start
+  window, t_window = [], time.time()
+  with open(workdir / 'metrics.jsonl', 'a', buffering=1) as metrics_file:
+    while step < spec.steps:
+      state, metrics = train_step(state, next(batches))
+      step += 1
+      window.append(metrics)
+      if spec.throttle_s:
+        time.sleep(spec.throttle_s)
+      bar.update(1)
+      if step % spec.log_every == 0 or step == spec.steps:
+        m = jax.device_get(window)
+        loss = float(sum(x['ce_sum'] for x in m) / max(sum(x['tokens'] for x in m), 1.0))
+        rate = len(window) / max(time.time() - t_window, 1e-9)
+        bar.set_postfix(loss=f'{loss:.3f}', steps_s=f'{rate:.2f}')
+        log(f'step {step} loss {loss:.4f} lr {float(schedule(step)):.2e} '
+            f'grad_norm {float(m[-1]["grad_norm"]):.2f} {rate:.2f} steps/s')
+        metrics_file.write(json.dumps({'step': step, 'train_loss': loss,
+                                       'steps_per_s': rate}) + '\n')
+        window, t_window = [], time.time()
+      if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps and n_eval:
+        loss = dev_loss(state['params'])
+        log(f'step {step} dev_loss {loss:.4f}')
+        metrics_file.write(json.dumps({'step': step, 'dev_loss': loss}) + '\n')
+      if step % spec.checkpoint_every == 0 and _save(mngr, step, state, batches.state()):
+        log(f'step {step} checkpoint saving')
+    bar.close()
+    if mngr.latest_step() != step:
+      _save(mngr, step, state, batches.state(), force=True)
+    mngr.wait_until_finished()
+    results: dict[str, Any] = {'name': spec.name, 'steps': step,
+                               'train_wall_s': time.time() - t_start}
+    if n_eval:
+      results['dev_loss'] = dev_loss(state['params'])
+      log(f'step {step} final dev_loss {results["dev_loss"]:.4f}')
+      metrics_file.write(json.dumps({'step': step, 'dev_loss': results['dev_loss']}) + '\n')
 
-  results: dict[str, Any] = {'name': spec.name, 'steps': step, 'train_wall_s': train_time}
-  if dev_eval.sources:
-    results['dev_loss'] = dev_loss(state['params'])
-    log(f'final dev_loss {results["dev_loss"]:.4f}')
   model = T5Model(params=state['params'], config=config)
   if spec.data.bleu_examples:
     results['dev_bleu'], hyps = bleu(model, tokenizer, dev_data, spec.data,
@@ -768,9 +778,10 @@ _CONFIG = None
 
 
 def main(argv):
+  from absl import app, logging
   if len(argv) > 1:
-    from absl import app
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
+  logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:
     train(_CONFIG.value)
   except ConfigError as e:

@@ -176,8 +176,20 @@ def _divisor_units(logical: str, dim: int, config: T5Config | None) -> int:
   return dim
 
 
+def _check_mesh(mesh) -> None:
+  names = tuple(mesh.axis_names)
+  if not set(MESH_AXES) <= set(names):
+    raise ValueError(f'mesh axes {names} must include {MESH_AXES} (build it with make_mesh)')
+  explicit = [n for n, t in zip(names, mesh.axis_types) if t == AxisType.Explicit]
+  if explicit:
+    raise ValueError(f'mesh axes {explicit} are AxisType.Explicit (the default of jax.make_mesh): '
+                     'the T5 code relies on sharding propagation, build the mesh with '
+                     'specjax.sharding.make_mesh or axis_types=(AxisType.Auto,) * 2')
+
+
 def _spec(logical_axes: Sequence[str | None], shape: Sequence[int], config: T5Config | None,
           mesh: Mesh, what: str) -> P:
+  _check_mesh(mesh)
   if len(logical_axes) != len(shape):
     raise ValueError(f'{what}: shape {tuple(shape)} has {len(shape)} dims but the partition rule '
                      f'names {len(logical_axes)} axes {tuple(logical_axes)}')
@@ -267,6 +279,7 @@ def cache_partition_spec(config: T5Config, mesh: Mesh, batch_size: int | None = 
   Heads fall back to replicated when num_heads does not divide over 'model', the batch when
   `batch_size` does not divide over 'data'.
   """
+  _check_mesh(mesh)
   b = _batch_axis(mesh, batch_size)
   h = MODEL if mesh.shape[MODEL] > 1 and config.num_heads % mesh.shape[MODEL] == 0 else None
   kv = P(b, None, h, None)

@@ -19,21 +19,21 @@ def get_config(arg=None):
   c.workdir = 'runs/bible_target'
   c.export_dir = 'specjax/assets/tiny_pair/target'
   c.model.t5 = common.t5_v11(d_model=256, num_layers=2, num_decoder_layers=4, num_heads=4,
-                             d_kv=64, d_ff=1024)
+                             d_kv=64, d_ff=512)
   c.model.export_dtype = 'bfloat16'
   c.data.source_buckets = (24, 32, 48, 64)
   c.data.target_buckets = (24, 32, 48, 64)
-  c.data.batch_size = 32
-  c.data.eval_examples = 512
+  c.data.batch_size = 24
+  c.data.eval_examples = 256
   c.data.bleu_examples = 200
   c.optim.name = 'adamw'
   c.optim.learning_rate = 2e-3
   c.optim.schedule = 'cosine'
-  c.optim.warmup_steps = 100
+  c.optim.warmup_steps = 60
   c.optim.end_lr_fraction = 0.05
-  c.steps = 1200
+  c.steps = 800
   c.log_every = 25
-  c.eval_every = 300
+  c.eval_every = 200
   c.checkpoint_every = 100
   if a.smoke:
     common.apply_smoke(c, 'bible_target')

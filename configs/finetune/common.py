@@ -48,7 +48,7 @@ def base_config():
   c.data.target_buckets = (16, 32, 48, 64)   # padded target lengths, one per source bucket
   c.data.long_examples = 'drop'     # longer than the last bucket: 'drop' or 'truncate' (keeps EOS)
   c.data.batch_size = 32            # examples per step (divisible by the mesh's data axis)
-  c.data.train_examples = 0         # use only the first N training examples (0 = all)
+  c.data.train_examples = 0         # a seeded random subset of N training examples (0 = all)
   c.data.eval_examples = 256        # dev examples for the periodic dev loss
   c.data.bleu_examples = 128        # dev examples decoded greedily for BLEU at the end (0 = skip)
   c.data.distill_from = ''          # teacher checkpoint: train on its greedy outputs instead of the
@@ -98,8 +98,8 @@ def apply_smoke(c, name):
   c.data.task = 'bible_en_es'
   c.data.source_field, c.data.target_field = 'en', 'es'
   c.data.tokenizer = 'bible'
-  c.data.source_buckets = (32,)
-  c.data.target_buckets = (32,)
+  c.data.source_buckets = (64,)
+  c.data.target_buckets = (64,)
   c.data.long_examples = 'drop'
   c.data.batch_size = 8
   c.data.train_examples = 400

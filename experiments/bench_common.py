@@ -1,0 +1,418 @@
+"""Shared helpers of the benchmark scripts (experiments/bench_*.py, experiments/gpu_step.py).
+
+Not a benchmark itself. What lives here:
+
+  * environment: offline Hugging Face, thread counts, machine description for the JSON/tables;
+  * models: the shipped tiny EN->ES pair (specjax/assets/tiny_pair/{target,draft}) when it exists,
+    else random stand-ins; random HF-format pairs written by transformers itself (`build_hf_pair`),
+    whose draft is the target's own first layers (so acceptance is meaningful without training);
+  * prompts: held-out test verses (specjax.data.load_pairs('test') when present, else the shipped
+    test.jsonl.gz), tokenised like specjax.finetune does (no special tokens, then EOS), right-padded
+    to one fixed source length so that every prompt reuses one compiled program;
+  * output: markdown tables and JSON.
+
+Timing conventions used by every script: warm-up (compile) timed apart, `block_until_ready`, the
+median of repeats, and competing variants interleaved A B A B in one process.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+os.environ.setdefault('HF_HUB_OFFLINE', '1')
+os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+  sys.path.insert(0, str(REPO))
+
+ASSETS = REPO / 'specjax' / 'assets'
+TINY_PAIR = ASSETS / 'tiny_pair'
+BIBLE = ASSETS / 'bible_en_es'
+
+# Architectures of the random stand-ins (HF T5Config keyword arguments).
+#  smoke:     seconds, for tests.
+#  tiny:      the shapes of configs/finetune/bible_{target,draft}.py (used until the trained pair exists).
+#  t5-small:  t5-small's shapes (d_model 512, 6 + 6 layers, 8 heads, d_ff 2048, ReLU, vocab 32128)
+#             with an UNTIED head of the same size (same bytes and FLOPs per step): with random
+#             weights a tied head makes greedy decoding repeat the input token forever (the token's
+#             own embedding dominates the residual stream, so it wins the tied dot product).
+ARCHS = {
+    'smoke': dict(vocab_size=512, d_model=32, d_kv=8, num_heads=4, d_ff=64, num_layers=2,
+                  num_decoder_layers=3, feed_forward_proj='relu'),
+    'tiny': dict(vocab_size=3000, d_model=256, d_kv=64, num_heads=4, d_ff=1024, num_layers=2,
+                 num_decoder_layers=4, feed_forward_proj='gated-gelu',
+                 tie_word_embeddings=False),
+    't5-small': dict(vocab_size=32128, d_model=512, d_kv=64, num_heads=8, d_ff=2048, num_layers=6,
+                     num_decoder_layers=6, feed_forward_proj='relu', tie_word_embeddings=False),
+}
+# Draft = the target's embedding, relative-attention tables, first `draft_layers` encoder and
+# decoder blocks, final norms and head. Blocks at and after `draft_layers` have the output
+# projections of their residual branches (attention `o`, feed-forward `wo`) scaled by `damp`, so
+# they perturb the residual stream a little: the draft is a real approximation of the target, not
+# a copy, and `damp` sets the acceptance rate.
+PAIR_DEFAULTS = {
+    'smoke': dict(draft_layers=1, damp=0.15),
+    'tiny': dict(draft_layers=1, damp=0.15),
+    't5-small': dict(draft_layers=2, damp=0.15),
+}
+
+
+# ----------------------------------------------------------------------------- environment
+
+
+def set_threads(n: int | None = None) -> int:
+  """Torch intra-op threads = the cores XLA's CPU client uses (all visible cores)."""
+  n = n or os.cpu_count() or 1
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+    torch.set_num_threads(n)
+    torch.set_num_interop_threads(1)
+  except (ImportError, RuntimeError):
+    pass
+  return n
+
+
+def load_average() -> tuple[float, float, float]:
+  try:
+    return os.getloadavg()
+  except OSError:
+    return (float('nan'),) * 3
+
+
+def machine_info() -> dict[str, Any]:
+  import jax  # pylint: disable=import-outside-toplevel
+  info = {
+      'cpu_count': os.cpu_count(),
+      'cpu_model': _cpu_model(),
+      'platform': platform.platform(),
+      'python': platform.python_version(),
+      'jax': jax.__version__,
+      'jax_backend': jax.default_backend(),
+      'device': jax.devices()[0].device_kind,
+      'load_average_start': load_average(),
+      'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
+  }
+  for mod in ('jaxlib', 'flax', 'torch', 'transformers'):
+    if mod in sys.modules:
+      info[mod] = getattr(sys.modules[mod], '__version__', '?')
+  try:
+    import torch  # pylint: disable=import-outside-toplevel
+    info['torch'] = torch.__version__
+    info['torch_threads'] = torch.get_num_threads()
+  except ImportError:
+    pass
+  return info
+
+
+def _cpu_model() -> str:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('model name'):
+          return line.split(':', 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor()
+
+
+def describe_machine(info: dict[str, Any]) -> str:
+  la = info.get('load_average_start', ())
+  parts = [f"{info.get('cpu_count')} CPU cores ({info.get('cpu_model', '?')})",
+           f"JAX {info.get('jax')} on {info.get('jax_backend')}"]
+  if 'torch' in info:
+    parts.append(f"torch {info['torch']} ({info.get('torch_threads', '?')} threads)")
+  if 'transformers' in info:
+    parts.append(f"transformers {info['transformers']}")
+  if la:
+    parts.append('load average ' + ' '.join(f'{x:.2f}' for x in la))
+  return '; '.join(parts)
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def block(x):
+  import jax  # pylint: disable=import-outside-toplevel
+  return jax.block_until_ready(x)
+
+
+def interleave(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
+               ) -> dict[str, dict[str, Any]]:
+  """Warm-up each fn (first call timed apart as `first_s`), then A B A B ... `repeats` rounds.
+
+  Returns per name: first_s, median_s, min_s, times_s. Each call's result is block_until_ready'd
+  (a no-op for non-JAX results).
+  """
+  out = {name: {'first_s': None, 'times_s': []} for name in fns}
+  for name, fn in fns.items():
+    for i in range(warmup):
+      t0 = time.perf_counter()
+      block(fn())
+      if i == 0:
+        out[name]['first_s'] = time.perf_counter() - t0
+  for _ in range(repeats):
+    for name, fn in fns.items():
+      t0 = time.perf_counter()
+      block(fn())
+      out[name]['times_s'].append(time.perf_counter() - t0)
+  for rec in out.values():
+    rec['median_s'] = statistics.median(rec['times_s'])
+    rec['min_s'] = min(rec['times_s'])
+  return out
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def tiny_pair_dirs() -> tuple[Path, Path] | None:
+  """(target, draft) of the shipped tiny pair, or None while it is not there (yet)."""
+  target, draft = TINY_PAIR / 'target', TINY_PAIR / 'draft'
+  for d in (target, draft):
+    if not (d / 'config.json').is_file():
+      return None
+    if not any((d / w).is_file() for w in ('model.safetensors', 'model.safetensors.index.json',
+                                          'pytorch_model.bin')):
+      return None
+  return target, draft
+
+
+def _quiet_transformers():
+  import transformers  # pylint: disable=import-outside-toplevel
+  transformers.logging.set_verbosity_error()
+  transformers.logging.disable_progress_bar()
+
+
+def _spread_out_(model, seed: int):
+  """Spread-out random init (as tests/conftest.py): norms U(0.5, 1.5), embedding and relative
+  tables N(0, 1), every Linear N(0, 1/fan_in): activations O(1), logits spread over many tokens,
+  greedy outputs that are not one repeated token."""
+  import torch  # pylint: disable=import-outside-toplevel
+  gen = torch.Generator().manual_seed(seed)
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if name.endswith('layer_norm.weight'):
+        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+      elif 'relative_attention_bias' in name or name == 'shared.weight':
+        p.copy_(torch.randn(p.shape, generator=gen))
+      else:
+        p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+
+
+def build_hf_pair(directory, arch: str = 'tiny', *, seed: int = 0, draft_layers: int | None = None,
+                  damp: float | None = None, force: bool = False) -> tuple[Path, Path]:
+  """Writes a random target and its truncated draft as HF checkpoints (transformers' own format).
+
+  Returns (target_dir, draft_dir). Reuses existing directories with the same recipe unless force.
+  """
+  import torch  # pylint: disable=import-outside-toplevel
+  from transformers import T5Config, T5ForConditionalGeneration  # pylint: disable=import-outside-toplevel
+  _quiet_transformers()
+  kw = dict(ARCHS[arch])
+  draft_layers = PAIR_DEFAULTS[arch]['draft_layers'] if draft_layers is None else draft_layers
+  damp = PAIR_DEFAULTS[arch]['damp'] if damp is None else damp
+  recipe = {'arch': arch, 'kw': kw, 'seed': seed, 'draft_layers': draft_layers, 'damp': damp,
+            'version': 2}
+  directory = Path(directory)
+  tdir, ddir = directory / 'target', directory / 'draft'
+  stamp = directory / 'recipe.json'
+  if not force and stamp.is_file() and json.loads(stamp.read_text()) == recipe:
+    return tdir, ddir
+  directory.mkdir(parents=True, exist_ok=True)
+  torch.manual_seed(seed)
+  config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
+                    **kw)
+  target = T5ForConditionalGeneration(config).eval()
+  _spread_out_(target, seed)
+  untie = kw.get('tie_word_embeddings', True) is False
+  if untie:
+    gen = torch.Generator().manual_seed(seed + 1)
+    head = torch.randn(target.lm_head.weight.shape, generator=gen) / config.d_model ** 0.5
+    target.lm_head.weight = torch.nn.Parameter(head)
+  with torch.no_grad():
+    for stack in (target.encoder, target.decoder):
+      for i, blk in enumerate(stack.block):
+        if i < draft_layers:
+          continue
+        for name, p in blk.named_parameters():
+          if name.endswith(('.o.weight', '.wo.weight')):
+            p.mul_(damp)
+  target.save_pretrained(tdir)
+
+  dkw = dict(kw, num_layers=draft_layers, num_decoder_layers=draft_layers)
+  draft = T5ForConditionalGeneration(T5Config(dropout_rate=0.0, decoder_start_token_id=0,
+                                              pad_token_id=0, eos_token_id=1, **dkw)).eval()
+  if untie:  # a distinct head Parameter unties it (transformers 5 ties on construction)
+    draft.lm_head.weight = torch.nn.Parameter(torch.empty_like(target.lm_head.weight))
+  tsd = target.state_dict()
+  with torch.no_grad():
+    for name, p in draft.named_parameters():  # tied parameters are listed once
+      p.copy_(tsd[name])
+    for name, p in draft.named_parameters():
+      assert torch.equal(p, tsd[name]), name
+  draft.save_pretrained(ddir)
+  stamp.write_text(json.dumps(recipe))
+  return tdir, ddir
+
+
+def cache_dir() -> Path:
+  d = Path(os.environ.get('SPECJAX_BENCH_CACHE', REPO / 'results' / 'bench_models'))
+  d.mkdir(parents=True, exist_ok=True)
+  return d
+
+
+def resolve_pair(which: str, smoke: bool = False) -> tuple[Path, Path, str]:
+  """(target_dir, draft_dir, description) for 'tiny' | 't5-small' | 'smoke'."""
+  if smoke:
+    t, d = build_hf_pair(cache_dir() / 'smoke', 'smoke')
+    return t, d, 'random smoke pair (d_model 32), draft = target truncated to 1 layer'
+  if which == 'tiny':
+    dirs = tiny_pair_dirs()
+    if dirs is not None:
+      return dirs[0], dirs[1], 'shipped tiny EN->ES pair (specjax/assets/tiny_pair)'
+    t, d = build_hf_pair(cache_dir() / 'tiny_random', 'tiny')
+    return t, d, ('RANDOM stand-in with the tiny pair\'s target shapes (shipped pair not found), '
+                  'draft = target truncated to 1 layer')
+  if which == 't5-small':
+    t, d = build_hf_pair(cache_dir() / 't5_small_random', 't5-small')
+    p = PAIR_DEFAULTS['t5-small']
+    return t, d, (f"random t5-small-shaped target (spread-out init), draft = its embedding/head + "
+                  f"first {p['draft_layers']} encoder and decoder blocks; target blocks "
+                  f">= {p['draft_layers']} have residual outputs scaled by {p['damp']}")
+  raise ValueError(f'unknown pair {which!r}')
+
+
+def load_pair_jax(target_dir, draft_dir, dtype=None):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+  dtype = dtype or jnp.float32
+  return load_t5(str(target_dir), dtype=dtype), load_t5(str(draft_dir), dtype=dtype)
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def _test_records(n: int) -> list[dict]:
+  try:
+    from specjax import data  # pylint: disable=import-outside-toplevel
+    pairs = data.load_pairs('test')
+    recs = [dict(p) if isinstance(p, dict) else {'en': p[0], 'es': p[1]} for p in pairs]
+    if recs:
+      return recs[:n]
+  except Exception:  # pylint: disable=broad-except  # module absent or still being written
+    pass
+  recs = []
+  with gzip.open(BIBLE / 'test.jsonl.gz', 'rt', encoding='utf-8') as f:
+    for line in f:
+      if line.strip():
+        recs.append(json.loads(line))
+      if len(recs) >= n:
+        break
+  return recs
+
+
+def load_tokenizer_for(target_dir):
+  """The checkpoint's tokenizer, else the shipped Bible tokenizer; None if neither is usable."""
+  from specjax.checkpoints import load_tokenizer  # pylint: disable=import-outside-toplevel
+  _quiet_transformers()
+  for getter in (lambda: load_tokenizer(str(target_dir)), _bible_tokenizer):
+    try:
+      tok = getter()
+    except Exception:  # pylint: disable=broad-except
+      tok = None
+    if tok is not None and len(tok) >= 100:
+      return tok
+  return None
+
+
+def _bible_tokenizer():
+  try:
+    from specjax import data  # pylint: disable=import-outside-toplevel
+    return data.bible_tokenizer()
+  except Exception:  # pylint: disable=broad-except
+    from transformers import AutoTokenizer  # pylint: disable=import-outside-toplevel
+    return AutoTokenizer.from_pretrained(str(BIBLE / 'tokenizer'))
+
+
+def load_prompts(n: int, vocab_size: int, target_dir=None, max_len: int = 64, eos_id: int = 1,
+                 pad_to: int | None = None):
+  """n test verses as token ids: (padded int32 [n, S], list of unpadded id lists, English texts).
+
+  Ids come from the target's tokenizer (or the shipped Bible tokenizer) with EOS appended, truncated
+  to max_len. If no usable tokenizer exists, or a token id falls outside the model's vocabulary,
+  each word is hashed to an id in [2, vocab) instead (random models do not care about meaning).
+  """
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  recs = _test_records(n)
+  texts = [r['en'] for r in recs]
+  tok = load_tokenizer_for(target_dir) if target_dir is not None else _bible_tokenizer()
+  ids = None
+  if tok is not None:
+    ids = [list(x) for x in tok(texts, add_special_tokens=False).input_ids]
+    if any(max(x, default=0) >= vocab_size for x in ids):
+      ids = None
+  if ids is None:
+    ids = [[2 + zlib.crc32(w.encode()) % (vocab_size - 2) for w in t.split()] for t in texts]
+  ids = [x[:max_len - 1] + [eos_id] for x in ids]
+  s = pad_to or int(math.ceil(max(len(x) for x in ids) / 8) * 8)
+  arr = np.zeros((len(ids), s), np.int32)
+  for i, x in enumerate(ids):
+    arr[i, :len(x)] = x[:s]
+  return arr, ids, texts
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def fmt(x, spec: str = '.3g') -> str:
+  if x is None:
+    return '-'
+  if isinstance(x, bool):
+    return 'yes' if x else 'NO'
+  if isinstance(x, float):
+    if math.isnan(x):
+      return 'nan'
+    return format(x, spec)
+  return str(x)
+
+
+def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, str, str]]) -> str:
+  """columns: (key, header, format spec)."""
+  lines = ['| ' + ' | '.join(h for _, h, _ in columns) + ' |',
+           '|' + '---|' * len(columns)]
+  for r in rows:
+    lines.append('| ' + ' | '.join(fmt(r.get(k), f) for k, _, f in columns) + ' |')
+  return '\n'.join(lines)
+
+
+def write_json(path, obj) -> None:
+  if not path:
+    return
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(path.suffix + '.tmp')
+  tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, default=_jsonable))
+  os.replace(tmp, path)
+
+
+def _jsonable(x):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  if isinstance(x, (np.integer,)):
+    return int(x)
+  if isinstance(x, (np.floating,)):
+    return float(x)
+  if isinstance(x, np.ndarray):
+    return x.tolist()
+  if isinstance(x, Path):
+    return str(x)
+  return repr(x)
