@@ -350,6 +350,14 @@ def train_tokenizer(out: Path, vocab_size: int) -> dict:
     # transformers 5 writes only tokenizer.json + tokenizer_config.json; ship spiece.model too so
     # transformers 4's sentencepiece-backed T5Tokenizer (and plain sentencepiece) can load it.
     shutil.copy(tmp / 'spiece.model', tok_dir / 'spiece.model')
+  # transformers 5 writes `extra_special_tokens: ["<pad>", "</s>"]` (a list; transformers 4 expects
+  # a dict and fails with "'list' object has no attribute 'keys'") plus load-time bookkeeping
+  # (is_local, local_files_only). pad/eos/unk are named explicitly, so drop those keys.
+  config_path = tok_dir / 'tokenizer_config.json'
+  config = json.loads(config_path.read_text(encoding='utf-8'))
+  for key in ('extra_special_tokens', 'additional_special_tokens', 'is_local', 'local_files_only'):
+    config.pop(key, None)
+  config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + '\n', encoding='utf-8')
   tok = AutoTokenizer.from_pretrained(str(tok_dir))
   ids = {'pad': tok.pad_token_id, 'eos': tok.eos_token_id, 'unk': tok.unk_token_id}
   if ids != {'pad': 0, 'eos': 1, 'unk': 2}:

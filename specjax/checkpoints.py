@@ -12,8 +12,8 @@ to our [in, out]; 'embedding' ([V, D] tables, [NB, H] relative-bias tables) and 
 
 Streaming: tensors are read one at a time (safetensors `safe_open` per tensor; torch.load with
 mmap for .bin), converted on the host, placed with `jax.device_put(x, sharding)` and the host copy
-dropped, so the float32 host copy of the whole model never exists at once. `sharding` is always
-None for now (`mesh` must be None): it is the hook where sharded loading plugs in.
+dropped, so the float32 host copy of the whole model never exists at once. With `mesh`, each
+tensor goes straight to its `NamedSharding` (specjax.sharding's partition rules).
 
 Tying: the head is tied iff `lm_head.weight` is absent or bit-equal to `shared.weight`; the
 logit scaling flag (`scale_decoder_outputs`, else `tie_word_embeddings` is not False) comes from
@@ -398,7 +398,7 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
   """Hugging Face tensors -> params pytree, tensor by tensor.
 
   `tensors`: a TensorSource or a dict name -> array ([out, in] PyTorch layout).
-  `sharding_fn(params_path) -> Sharding | None`: where each converted array goes (None: default
+  `sharding_fn(params_path, shape) -> Sharding | None`: where each converted array goes (None: default
   device). Returns (params, used_names): `used_names` lists every tensor name consumed, in order,
   one entry per read (a test asserts it is the checkpoint's names, each exactly once). Whether
   'lm_head' is in params says whether the head is untied.
@@ -469,7 +469,12 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
     x = raw.T if transform == 'linear' else raw
     # A fresh C-ordered copy: never alias a memory-mapped checkpoint into a device array.
     x = np.array(x, dtype=jnp.dtype(dtype), order='C', copy=True)
-    leaves[path] = jax.device_put(x, sharding_fn(path) if sharding_fn else None)
+    sharding = sharding_fn(path, x.shape) if sharding_fn else None
+    if sharding is None:
+      leaves[path] = jax.device_put(x)
+    else:  # make_array_from_callback: on several hosts each process places only its shards
+      from specjax.sharding import put_sharded  # pylint: disable=import-outside-toplevel
+      leaves[path] = put_sharded(x, sharding)
 
   shared_name = assigned[('shared',)]
   shared_VxD = source.load(shared_name)
@@ -578,12 +583,18 @@ def resolve_checkpoint(path_or_hub_id, allow_patterns=None, need_weights=True) -
 
 
 def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
-  """Loads a Hugging Face T5 checkpoint (directory or hub id): a T5Model with params in `dtype`."""
-  if mesh is not None:
-    raise ValueError('load_t5: mesh is not supported yet')
+  """Loads a Hugging Face T5 checkpoint (directory or hub id): a T5Model with params in `dtype`.
+
+  With `mesh` (specjax.sharding.make_mesh), params are placed sharded as they are read.
+  """
   directory = resolve_checkpoint(path_or_hub_id)
   config = read_config(directory)
-  sharding_fn = None  # hook: params path -> jax.sharding.Sharding once `mesh` is supported
+  sharding_fn = None
+  if mesh is not None:
+    from specjax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+
+    def sharding_fn(path, shape):
+      return sharding_lib.sharding_for_tensor(path, shape, config, mesh)
   with checkpoint_tensors(directory) as source:
     params, _ = convert_state_dict(config, source, dtype=dtype, sharding_fn=sharding_fn)
   config = dataclasses.replace(config, tie_word_embeddings='lm_head' not in params)

@@ -202,8 +202,9 @@ def load_task(task: str, split: str = 'test', num_examples: int | None = None,
   """(sources with the task prefix, references); the first `num_examples` (None: all).
 
   `local_path` (.jsonl/.jsonl.gz) replaces the download or shipped split (`split` is then
-  ignored); its fields default to the task's
-  `local_fields` ('en'/'de', 'article'/'highlights', 'en'/'es').
+  ignored); its fields default to the task's `local_fields` ('en'/'de', 'article'/'highlights',
+  'en'/'es'). Raises ValueError for an unknown task or split, TaskUnavailableError when a HF task
+  cannot be loaded here.
   """
   if task not in TASKS:
     raise ValueError(f'unknown task {task!r}; known tasks: {", ".join(sorted(TASKS))}')

@@ -137,11 +137,18 @@ def _as_draft(draft):
 
 
 def _check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, vocab_draft):
-  ids = np.asarray(input_ids)
-  if ids.ndim != 2 or ids.shape[0] < 1 or ids.shape[1] < 1:
-    raise ValueError(f'input_ids must be a non-empty [batch, length] array, got shape {ids.shape}')
-  if not np.issubdtype(ids.dtype, np.integer):
-    raise ValueError(f'input_ids must be integers, got dtype {ids.dtype}')
+  if isinstance(input_ids, jax.Array) and not input_ids.is_fully_addressable:
+    # Spread over several hosts: read only the shape and a reduced min/max.
+    shape, dtype = input_ids.shape, input_ids.dtype
+    lo, hi = (int(v) for v in jax.jit(lambda x: (x.min(), x.max()))(input_ids))
+  else:
+    ids = np.asarray(input_ids)
+    shape, dtype = ids.shape, ids.dtype
+    lo, hi = (int(ids.min()), int(ids.max())) if ids.size else (0, 0)
+  if len(shape) != 2 or shape[0] < 1 or shape[1] < 1:
+    raise ValueError(f'input_ids must be a non-empty [batch, length] array, got shape {shape}')
+  if not np.issubdtype(dtype, np.integer):
+    raise ValueError(f'input_ids must be integers, got dtype {dtype}')
   if int(max_new_tokens) < 1:
     raise ValueError(f'max_new_tokens must be >= 1, got {max_new_tokens}')
   if gamma is not None and int(gamma) < 1:
@@ -150,7 +157,7 @@ def _check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, voca
   if vocab_draft is not None and vocab_draft != vocab_target:
     raise ValueError(f'draft vocab_size {vocab_draft} != target vocab_size {vocab_target}: '
                      'the draft must share the target vocabulary')
-  if ids.min() < 0 or ids.max() >= vocab_target:
+  if lo < 0 or hi >= vocab_target:
     raise ValueError(f'input_ids out of range [0, {vocab_target})')
 
 

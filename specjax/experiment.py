@@ -114,7 +114,16 @@ def _unbatch(outputs, n):
   return tokens, lengths
 
 
-def build_draft(spec: RunSpec, draft: str, target, tokenizer, task: str):
+def make_mesh(spec: RunSpec):
+  """The device mesh of config.mesh_shape, or None for one device."""
+  if not spec.mesh_shape:
+    return None
+  from specjax import sharding  # pylint: disable=import-outside-toplevel
+  sharding.initialize_distributed()
+  return sharding.make_mesh(spec.mesh_shape)
+
+
+def build_draft(spec: RunSpec, draft: str, target, tokenizer, task: str, mesh=None):
   """A T5 draft from a checkpoint, or an n-gram / prompt-lookup draft fitted for this target."""
   from specjax import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
   from specjax.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
@@ -135,7 +144,7 @@ def build_draft(spec: RunSpec, draft: str, target, tokenizer, task: str):
     drafts_lib.save_ngram(fitted, tmp)
     os.replace(tmp, cache)
     return fitted
-  model = load_t5(draft, dtype=_dtype(spec))
+  model = load_t5(draft, dtype=_dtype(spec), mesh=mesh)
   if model.config.vocab_size != target.config.vocab_size:
     raise config_lib.ConfigError(
         f'config.drafts: {draft} has vocab_size {model.config.vocab_size}, the target has '
@@ -297,7 +306,8 @@ def run(spec: RunSpec, out=sys.stdout) -> list[dict[str, Any]]:
           file=out)
   examples = []
   if todo:
-    target = checkpoints.load_t5(spec.target, dtype=_dtype(spec))
+    mesh = make_mesh(spec)
+    target = checkpoints.load_t5(spec.target, dtype=_dtype(spec), mesh=mesh)
     tokenizer = checkpoints.load_tokenizer(spec.target)
     if tokenizer is None:
       raise config_lib.ConfigError(f'config.target: no tokenizer files in {spec.target}')
@@ -314,7 +324,7 @@ def run(spec: RunSpec, out=sys.stdout) -> list[dict[str, Any]]:
         draft_cells = [c for c in task_cells if c[1] == draft_name]
         if not draft_cells:
           continue
-        draft = build_draft(spec, draft_name, target, tokenizer, task)
+        draft = build_draft(spec, draft_name, target, tokenizer, task, mesh)
         cache_len = spec.max_new_tokens + max(spec.gammas) + 1
         c = measure_c(target, draft, prompts.batches[0], cache_len)
         for _, _, temperature, gamma in draft_cells:

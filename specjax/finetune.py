@@ -9,17 +9,18 @@ only parses flags. Re-running the same command resumes from the newest checkpoin
 
 Flow: the ConfigDict becomes a frozen `FinetuneSpec` (validated in `finetune_spec`, one-line
 `ConfigError`s naming the field) -> examples tokenised once (cached in `workdir/cache`; optionally
-the targets replaced by a teacher's greedy outputs, i.e. sequence-level distillation) -> a model from
-scratch (`init_params`) or from a Hugging Face checkpoint (`load_t5`) -> jit'd train steps with donated
-state -> orbax `CheckpointManager` saves (params, opt_state, step and the data position) -> dev loss
-every `eval_every` steps, BLEU on a dev subset at the end -> `save_t5` export (atomic).
+the targets replaced by a teacher's greedy outputs, i.e. sequence-level distillation) -> a model
+from scratch (`init_params`) or from a Hugging Face checkpoint (`load_t5`) -> jit'd train steps
+with donated state -> orbax `CheckpointManager` saves (params, opt_state, step and the data
+position) -> dev loss every `eval_every` steps, BLEU on a dev subset at the end -> `save_t5`
+export (atomic).
 
 Batches: example i goes to the smallest bucket b with len(source) <= source_buckets[b] and
-len(target) <= target_buckets[b] and is padded to those lengths, so the train step compiles once per
-bucket. Longer examples are dropped or truncated (`data.long_examples`). Epoch e's order comes from a
-numpy Generator seeded with (seed, e); the data position (epoch, batch index) and that Generator's
-state are saved with every checkpoint, so a resumed run sees exactly the batches an uninterrupted one
-would have.
+len(target) <= target_buckets[b] and is padded to those lengths, so the train step compiles once
+per bucket. Longer examples are dropped or truncated (`data.long_examples`). Epoch e's order comes
+from a numpy Generator seeded with (seed, e); the data position (epoch, batch index) and that
+Generator's state are saved with every checkpoint, so a resumed run sees exactly the batches an
+uninterrupted one would have.
 
 Shape legend: B batch, S source length, T target length, V vocab.
 """
@@ -67,9 +68,9 @@ class ModelSpec:
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
   task: str                 # 'bible_en_es' (shipped corpus) or a specjax.data.load_task name
-  source_field: str
+  source_field: str         # bible_en_es: the record fields read as source and target
   target_field: str
-  prefix: str               # prepended to every source ('translate English to German: ')
+  prefix: str               # prepended to every source (load_task adds the task's own first)
   tokenizer: str            # 'bible' | '' (the init_from checkpoint's) | HF dir or hub id
   source_buckets: tuple[int, ...]
   target_buckets: tuple[int, ...]
@@ -174,7 +175,7 @@ def _require(ok: bool, field: str, want: str, value):
 
 
 def finetune_spec(cfg) -> FinetuneSpec:
-  """ConfigDict (see configs/finetune/common.py) -> validated FinetuneSpec; ConfigError otherwise."""
+  """ConfigDict (configs/finetune/common.py) -> validated FinetuneSpec; else a ConfigError."""
   if isinstance(cfg, FinetuneSpec):
     return cfg
   top = _read_group(cfg, '', dict(
@@ -215,10 +216,11 @@ def finetune_spec(cfg) -> FinetuneSpec:
       t5 = T5Config(**kw)
     except TypeError as e:
       raise ConfigError(f'config.model.t5: {e}') from None
-    except ValueError as e:  # T5Config.<field> must be positive ...
-      raise ConfigError(f'config.model.t5.{str(e).split(".", 1)[1]}') from None
-  spec = FinetuneSpec(model=ModelSpec(t5=t5, vocab_size=vocab, **m), data=DataSpec(**d), optim=OptimSpec(**o),
-                      **top)
+    except ValueError as e:  # 'T5Config.<field> must be positive, got 0'
+      field, _, why = str(e).split('.', 1)[1].partition(' ')
+      raise ConfigError(f'config.model.t5.{field}: {why}') from None
+  spec = FinetuneSpec(model=ModelSpec(t5=t5, vocab_size=vocab, **m), data=DataSpec(**d),
+                      optim=OptimSpec(**o), **top)
   _validate(spec)
   return spec
 
@@ -268,17 +270,15 @@ def _validate(s: FinetuneSpec):
 
 
 def load_examples(d: DataSpec, split: str) -> tuple[list[str], list[str]]:
-  """(sources, targets) of a split, the prefix prepended to the sources."""
+  """(sources, targets) of a split: the shipped corpus by field names, else specjax.data.load_task
+  (which adds the task's own prefix); `d.prefix` is prepended on top."""
   from specjax import data as data_lib
   if d.task == 'bible_en_es':
     records = data_lib.load_pairs(split)
+    sources, targets = [r[d.source_field] for r in records], [r[d.target_field] for r in records]
   else:
-    records = data_lib.load_task(d.task, split)
-  sources, targets = [], []
-  for r in records:
-    sources.append(d.prefix + r[d.source_field])
-    targets.append(r[d.target_field])
-  return sources, targets
+    sources, targets = data_lib.load_task(d.task, split)
+  return [d.prefix + s for s in sources], list(targets)
 
 
 def get_tokenizer(spec: FinetuneSpec):
@@ -320,7 +320,7 @@ def pad_batch(seqs, length: int, rows: int | None = None) -> np.ndarray:
 
 @dataclasses.dataclass
 class Tokenized:
-  """One split, tokenised: sources[i] / targets[i] int32 ids ending with EOS, texts kept for BLEU."""
+  """One split, tokenised: sources[i] / targets[i] int32 ids ending with EOS; texts for BLEU."""
   sources: list[np.ndarray]
   targets: list[np.ndarray]
   target_texts: list[str]
@@ -444,8 +444,9 @@ class Batches:
     return self.make_batch(b, idx)
 
   def make_batch(self, b: int, idx, rows: int | None = None) -> dict[str, np.ndarray]:
-    return {'inputs': pad_batch([self.data.sources[i] for i in idx], self.d.source_buckets[b], rows),
-            'labels': pad_batch([self.data.targets[i] for i in idx], self.d.target_buckets[b], rows)}
+    src, tgt = self.data.sources, self.data.targets
+    return {'inputs': pad_batch([src[i] for i in idx], self.d.source_buckets[b], rows),
+            'labels': pad_batch([tgt[i] for i in idx], self.d.target_buckets[b], rows)}
 
   def eval_batches(self, batch_size: int):
     """Every kept example once, in bucket order; last batch of a bucket padded with empty rows."""

@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import jax
 import numpy as np
@@ -380,12 +380,3 @@ def initialize_distributed(**kwargs) -> bool:
   jax.distributed.initialize(**kwargs)
   return True
 
-
-def describe(params, config: T5Config, mesh: Mesh) -> list[tuple[str, tuple, P]]:
-  """(path, shape, spec) per params leaf: for logging and docs."""
-  specs = param_partition_specs(params, config, mesh)
-  out = []
-  for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(params)[0],
-                             jax.tree.leaves(specs)):
-    out.append((_path_str(path), tuple(x.shape), spec))
-  return out

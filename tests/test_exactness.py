@@ -41,16 +41,20 @@ P_VALUES = {}  # name -> p-value, printed at the end of the module (pytest -s) f
 
 
 def _model(seed, scale):
+  # v1.1 layout (untied head): with init scale 1 the conditionals are spread over many tokens
+  # (~1000 of the 1728 cells have expected count >= 5) yet depend on the prefix (a bonus token
+  # drawn from the wrong position moves ~0.3 of the mass), and alpha(target, draft) ~ 0.6.
   config = T5Config(vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=1,
                     num_heads=2, relative_attention_num_buckets=8,
-                    relative_attention_max_distance=8)
+                    relative_attention_max_distance=8, gated=True, tie_word_embeddings=False,
+                    scale_logits=False)
   return T5Model(init_params(config, jax.random.PRNGKey(seed), scale=scale), config)
 
 
 @functools.lru_cache(maxsize=None)
 def models():
   """(target, draft): the draft has independent weights, so q is far from p."""
-  return _model(seed=0, scale=2.0), _model(seed=1, scale=2.0)
+  return _model(seed=0, scale=1.0), _model(seed=1, scale=1.0)
 
 
 # ----------------------------------------------------------------------------- the exact law

@@ -6,11 +6,11 @@
   python -m specjax.finetune --config=configs/finetune/cnndm_v11.py:xxl         # target
   python -m specjax.finetune --config=configs/finetune/cnndm_v11.py:smoke       # offline, seconds
 
-For a TPU VM with network (google/t5-v1_1-<size> and CNN/DM 3.0.0 from the Hugging Face hub at run
-time, via specjax.data.load_task). Recipe as T5X fine-tuning: Adafactor, constant learning rate 1e-3,
-batch 128, 'summarize: ' prefix, articles truncated to 512 tokens, summaries to 128. Memory and
-mesh notes as in wmt_ende_v11.py. BLEU at the end is only a sanity check here (CNN/DM is scored with
-ROUGE).
+For a TPU VM with network: google/t5-v1_1-<size> and CNN/DM 3.0.0 come from the Hugging Face hub at
+run time (specjax.data.load_task('cnndm', split), which adds the prefix 'summarize: '). Recipe as
+T5X fine-tuning: Adafactor, constant learning rate 1e-3, batch 128, articles truncated to 512
+tokens, summaries to 128, z-loss 1e-4. Memory and mesh notes as in wmt_ende_v11.py. BLEU at the end
+is only a sanity check here (CNN/DM is scored with ROUGE).
 """
 
 from configs.finetune import common
@@ -28,10 +28,7 @@ def get_config(arg=None):
   c.model.init_from = f'google/t5-v1_1-{a.size}'
   c.model.param_dtype = 'bfloat16' if a.size in ('xl', 'xxl') else 'float32'
   c.model.export_dtype = 'bfloat16'
-  c.data.task = 'cnndm'
-  c.data.source_field = 'source'
-  c.data.target_field = 'target'
-  c.data.prefix = 'summarize: '
+  c.data.task = 'cnndm'  # specjax.data.load_task; it adds the prefix 'summarize: '
   c.data.tokenizer = ''
   c.data.source_buckets = (128, 256, 384, 512)
   c.data.target_buckets = (32, 64, 96, 128)

@@ -39,10 +39,11 @@ def base_config():
 
   c.data = ml_collections.ConfigDict()
   c.data.task = 'bible_en_es'       # shipped offline corpus, or a specjax.data.load_task name
-                                    # ('wmt_ende', 'cnndm': Hugging Face datasets at run time)
-  c.data.source_field = 'en'        # record field read as the source ...
+                                    # ('ende', 'cnndm': Hugging Face datasets at run time, with
+                                    # the task's T5 prefix already added)
+  c.data.source_field = 'en'        # bible_en_es: record field read as the source ...
   c.data.target_field = 'es'        # ... and as the target
-  c.data.prefix = ''                # prepended to every source (T5 task prefix)
+  c.data.prefix = ''                # prepended to every source (on top of load_task's prefix)
   c.data.tokenizer = 'bible'        # 'bible' (shipped SentencePiece), '' = init_from's, or a dir/hub id
   c.data.source_buckets = (16, 32, 48, 64)   # padded source lengths; the last is the maximum
   c.data.target_buckets = (16, 32, 48, 64)   # padded target lengths, one per source bucket

@@ -9,13 +9,14 @@
 Then pass the exports to the experiment: `python -m specjax.run --config=configs/t5xxl_small.py:v11
 --config.target=runs/wmt_ende_v11_xxl/export --config.drafts=runs/wmt_ende_v11_small/export`.
 
-For a TPU VM with network (the v1.1 checkpoints google/t5-v1_1-<size> and the dataset come from the
-Hugging Face hub at run time, via specjax.data.load_task). Recipe as T5X fine-tuning: Adafactor,
-constant learning rate 1e-3, no dropout (specjax has none), batch 128, 'translate English to German: '
-prefix, 128 source / 128 target tokens (longer ones truncated). Sizes of one host: small/base/large
-train data parallel on a v4-8 / v5e-8 in float32; xl and xxl shard the params over the 'model' axis
-of the mesh (mesh_shape (1, -1)) with bfloat16 params (xxl: ~22 GB of params + gradients, Adafactor's
-factored statistics are small) -- xxl wants 128 GB+ of accelerator memory in total. Single host only.
+For a TPU VM with network: the v1.1 checkpoints google/t5-v1_1-<size> and WMT14 de-en come from the
+Hugging Face hub at run time (specjax.data.load_task('ende', split), which adds T5's prefix
+'translate English to German: '). Recipe as T5X fine-tuning: Adafactor, constant learning rate 1e-3,
+no dropout (specjax has none), batch 128, 128 source / 128 target tokens (longer ones truncated),
+z-loss 1e-4. One host: small/base/large train data parallel on a v4-8 / v5e-8 in float32; xl and
+xxl shard the params over the mesh's 'model' axis (mesh_shape (1, -1)) with bfloat16 params (xxl:
+~22 GB of params plus as much for gradients; Adafactor's factored statistics are small), so xxl
+wants 128 GB+ of accelerator memory in total. Single host only.
 """
 
 from configs.finetune import common
@@ -33,10 +34,7 @@ def get_config(arg=None):
   c.model.init_from = f'google/t5-v1_1-{a.size}'
   c.model.param_dtype = 'bfloat16' if a.size in ('xl', 'xxl') else 'float32'
   c.model.export_dtype = 'bfloat16'
-  c.data.task = 'wmt_ende'
-  c.data.source_field = 'source'
-  c.data.target_field = 'target'
-  c.data.prefix = 'translate English to German: '
+  c.data.task = 'ende'  # specjax.data.load_task; it adds the prefix 'translate English to German: '
   c.data.tokenizer = ''  # the checkpoint's SentencePiece model
   c.data.source_buckets = (32, 64, 96, 128)
   c.data.target_buckets = (32, 64, 96, 128)

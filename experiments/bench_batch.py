@@ -1,0 +1,150 @@
+"""Speculative vs autoregressive tokens/s as the batch grows (ragged per-row acceptance).
+
+  python experiments/bench_batch.py [--batches=1,8,32] [--lengths=32,96] [--gamma=5] [--out=F.json]
+  python experiments/bench_batch.py --smoke
+
+Pair: the shipped tiny EN->ES pair (random stand-in of its shapes while it is absent). For each
+batch size B and output length M, the first B test verses (one padded source length for all) are
+decoded as ONE batch by `autoregressive_decode` and by `speculative_decode(gamma)`, greedy, timed
+interleaved (A B A B) after a warm-up (compile time reported apart), median of repeats.
+
+tokens/s counts each row's own generated tokens (EOS included, nothing after it). Also reported,
+to show where a batch loses the speedup:
+  loop iters     trips of the while loop (target calls for the batch)
+  mean row iters mean over rows of the iterations in which the row was still generating
+  row util       mean row iters / loop iters: the loop runs until the LAST row finishes and every
+                 row pays for every trip (finished rows compute and discard), so a slow row (low
+                 acceptance, long output) costs the whole batch
+  AR steps / mean AR row length: the same effect for the baseline (longest output sets the steps)
+  block cost     time of one target step with gamma+1 tokens per row / one with 1 token, at this
+                 batch: the theorem assumes verification is free (1.0); it stops being free once
+                 the step is compute-bound (B * (gamma+1) tokens per matmul).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+
+COLUMNS = [
+    ('batch', 'batch', 'd'), ('max_new_tokens', 'new tokens', 'd'),
+    ('ar_tok_s', 'AR tok/s', '.0f'), ('spec_tok_s', 'spec tok/s', '.0f'),
+    ('speedup', 'speedup', '.2f'), ('alpha', 'alpha', '.3f'),
+    ('loop_iters', 'loop iters', 'd'), ('mean_row_iters', 'mean row iters', '.1f'),
+    ('row_util', 'row util', '.0%'), ('ar_steps', 'AR steps', 'd'),
+    ('mean_len', 'mean row len', '.1f'), ('block_cost', 'block cost', '.2f'),
+    ('ar_compile_s', 'AR compile s', '.1f'), ('spec_compile_s', 'spec compile s', '.1f'),
+]
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--pair', default='tiny')
+  p.add_argument('--batches', default='1,8,32')
+  p.add_argument('--lengths', default='32,96')
+  p.add_argument('--gamma', type=int, default=5)
+  p.add_argument('--temperature', type=float, default=0.0)
+  p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--out', default='')
+  p.add_argument('--smoke', action='store_true')
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '8', 1, 3
+  return a
+
+
+def block_cost(target, ids, gamma: int, cache_len: int, steps: int = 16, repeats: int = 5):
+  """(gamma+1)-token / 1-token target step time at this batch, compiled loops (bench_bound)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import bench_bound  # pylint: disable=import-outside-toplevel
+  cache = jax.jit(target.init_cache, static_argnums=1)(ids, cache_len)
+  t = bc.interleave({'1': bench_bound.step_loop(target, cache, 1, cache_len // 2, steps),
+                     'g1': bench_bound.step_loop(target, cache, gamma + 1, cache_len // 2, steps)},
+                    repeats=repeats)
+  return t['g1']['median_s'] / t['1']['median_s']
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  info = bc.machine_info()
+  print(f'machine: {bc.describe_machine(info)}')
+  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
+  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  batches = [int(b) for b in args.batches.split(',')]
+  lengths = [int(m) for m in args.lengths.split(',')]
+  padded, ids, _ = bc.load_prompts(max(batches), target.config.vocab_size, tdir,
+                                   eos_id=target.config.eos_token_id)
+  print(f'pair: {desc}; gamma {args.gamma}, temperature {args.temperature:g}, source padded to '
+        f'{padded.shape[1]}')
+  t0 = time.perf_counter()
+  rows = []
+  for m in lengths:
+    for b in batches:
+      x = jnp.asarray(padded[:b])
+      out = {}
+
+      def ar(x=x, m=m):
+        out['ar'] = decoding.autoregressive_decode(target, x, max_new_tokens=m,
+                                                   temperature=args.temperature,
+                                                   rng=jax.random.PRNGKey(0))
+        return out['ar'].tokens
+
+      def spec(x=x, m=m):
+        out['spec'] = decoding.speculative_decode(target, draft, x, gamma=args.gamma,
+                                                  max_new_tokens=m, temperature=args.temperature,
+                                                  rng=jax.random.PRNGKey(0))
+        return out['spec'].tokens
+
+      t = bc.interleave({'ar': ar, 'spec': spec}, repeats=args.repeats)
+      a, s = out['ar'], out['spec']
+      st = s.stats
+      n_ar, n_spec = int(np.sum(a.lengths)), int(np.sum(s.lengths))
+      loop_iters = int(st.iterations)
+      row_iters = np.asarray(st.target_calls)
+      row = {
+          'batch': b, 'max_new_tokens': m,
+          'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
+          'ar_tok_s': n_ar / t['ar']['median_s'], 'spec_tok_s': n_spec / t['spec']['median_s'],
+          'alpha': st.alpha, 'loop_iters': loop_iters,
+          'mean_row_iters': float(row_iters.mean()),
+          'row_util': float(row_iters.mean()) / max(loop_iters, 1),
+          'ar_steps': int(a.stats['steps']), 'mean_len': float(np.mean(np.asarray(a.lengths))),
+          'ar_compile_s': t['ar']['first_s'], 'spec_compile_s': t['spec']['first_s'],
+          'identical_greedy': (bool(np.array_equal(np.asarray(a.tokens), np.asarray(s.tokens)))
+                               if args.temperature == 0 else None),
+      }
+      row['speedup'] = row['spec_tok_s'] / row['ar_tok_s']
+      row['block_cost'] = block_cost(target, x, args.gamma, m + args.gamma + 1,
+                                     steps=4 if args.smoke else 16,
+                                     repeats=1 if args.smoke else 5)
+      rows.append(row)
+      print(f"  B={b} M={m}: AR {row['ar_tok_s']:.0f} tok/s, spec {row['spec_tok_s']:.0f} tok/s, "
+            f"speedup {row['speedup']:.2f}x, row util {row['row_util']:.0%}, "
+            f"block cost {row['block_cost']:.2f}", flush=True)
+  print('\nBatch scaling (greedy)' if args.temperature == 0 else '\nBatch scaling')
+  print(bc.markdown_table(rows, COLUMNS))
+  for m in lengths:
+    sp = ', '.join(f"B={r['batch']}: {r['speedup']:.2f}x" for r in rows
+                   if r['max_new_tokens'] == m)
+    print(f'speedup at {m} new tokens: {sp}')
+  bad = [r for r in rows if r['identical_greedy'] is False]
+  if bad:
+    print(f'WARNING: greedy speculative differs from autoregressive in {len(bad)} cells')
+  result = {'machine': info, 'args': vars(args), 'pair': desc, 'rows': rows,
+            'wall_s': time.perf_counter() - t0, 'load_average_end': bc.load_average()}
+  bc.write_json(args.out, result)
+  return result
+
+
+if __name__ == '__main__':
+  main()

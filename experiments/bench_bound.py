@@ -1,0 +1,300 @@
+"""Measured speedup vs the paper's prediction (Theorem 3.8), and where the difference goes.
+
+  python experiments/bench_bound.py [--gammas=3,5,7] [--temperatures=0,1] [--n=24] [--out=F.json]
+  python experiments/bench_bound.py --smoke
+
+Pair: the shipped tiny EN->ES pair (a random stand-in of its shapes while it is absent). Batch 1,
+`n` test verses decoded one at a time, max_new_tokens 48.
+
+Per (temperature, gamma) cell:
+  measured    = (specjax speculative tokens/s) / (specjax autoregressive tokens/s), the two timed
+                interleaved (A B A B) after a warm-up, median of repeats, whole decode calls
+                (encoders, loop, host round trip included). Tokens/s because at temperature 1 the
+                two produce different samples of different lengths.
+  predicted   = Theorem 3.8: (1 - alpha^(g+1)) / ((1 - alpha)(g c + 1)), alpha measured by the
+                speculative runs themselves (SpecStats), c = draft step / target step, both one
+                token, measured compiled in a loop (below).
+  ratio       = measured / predicted (goal >= 0.9).
+
+Per gamma, a cost breakdown measured compiled, each a `lax.fori_loop` of K steps divided by K
+(caches carried in the loop, as in the real program; cache length = max_new_tokens + gamma + 1,
+rows at half of it):
+  target 1    one target decoder step with 1 token (+ argmax fed back)
+  draft 1     one draft decoder step with 1 token (+ argmax fed back)
+  target g+1  one target decoder step with the (gamma+1)-token verification block
+  AR iter     one iteration of the autoregressive loop body (step + sampling + commit)
+  spec iter   one `decoding.speculative_step` (propose gamma drafts, verify, accept, stats)
+  overhead    spec iter - (gamma * draft 1 + target g+1): work outside the two models' forward
+              passes per iteration; and AR iter - target 1 for the baseline.
+  block cost  target g+1 / target 1: the theorem assumes 1 (verification is free), a CPU does not.
+and an "iteration model" of the speedup, E[tokens per iteration] * AR iter / spec iter, which
+accounts for the real per-iteration costs but not for the per-call costs (two encoders, init).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+
+CELL_COLUMNS = [
+    ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'), ('alpha', 'alpha', '.3f'),
+    ('tokens_per_iter', 'tokens/iter', '.2f'), ('c', 'c', '.3f'),
+    ('predicted', 'predicted (Thm 3.8)', '.2f'), ('iteration_model', 'iteration model', '.2f'),
+    ('measured', 'measured', '.2f'), ('ratio', 'measured / predicted', '.2f'),
+    ('ar_tok_s', 'AR tok/s', '.0f'), ('spec_tok_s', 'spec tok/s', '.0f'),
+    ('spec_compile_s', 'spec compile s', '.1f'),
+]
+COST_COLUMNS = [
+    ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'),
+    ('target_1_ms', 'target 1 ms', '.3f'), ('draft_1_ms', 'draft 1 ms', '.3f'),
+    ('target_block_ms', 'target g+1 ms', '.3f'), ('block_cost', 'block cost', '.2f'),
+    ('ar_iter_ms', 'AR iter ms', '.3f'), ('ar_overhead_ms', 'AR overhead ms', '.3f'),
+    ('spec_iter_ms', 'spec iter ms', '.3f'), ('models_ms', 'g*draft+block ms', '.3f'),
+    ('spec_overhead_ms', 'spec overhead ms', '.3f'),
+    ('spec_overhead_frac', 'overhead / iter', '.1%'),
+]
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--pair', default='tiny')
+  p.add_argument('--gammas', default='3,5,7')
+  p.add_argument('--temperatures', default='0,1')
+  p.add_argument('--n', type=int, default=24)
+  p.add_argument('--max_new_tokens', type=int, default=48)
+  p.add_argument('--repeats', type=int, default=5)
+  p.add_argument('--loop_steps', type=int, default=64, help='K of the compiled cost loops')
+  p.add_argument('--cost_repeats', type=int, default=15)
+  p.add_argument('--out', default='')
+  p.add_argument('--smoke', action='store_true')
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.pair, a.gammas, a.temperatures, a.n = 'smoke', '3', '0', 2
+    a.max_new_tokens, a.repeats, a.loop_steps, a.cost_repeats = 12, 1, 4, 2
+  return a
+
+
+# ----------------------------------------------------------------------------- compiled costs
+
+
+def _argmax_tokens(logits_BxKxV):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  return jnp.argmax(logits_BxKxV, axis=-1).astype(jnp.int32)
+
+
+def step_loop(model, cache, k_tokens: int, length: int, steps: int):
+  """A jitted fn(): `steps` decoder steps of k_tokens at offset `length`, the argmax fed back."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  b = cache.enc_mask.shape[0]
+  lengths = jnp.full((b,), length, jnp.int32)
+  toks = jnp.full((b, k_tokens), 5, jnp.int32)
+
+  @jax.jit
+  def run(model, cache, toks):
+    def body(_, carry):
+      cache, toks = carry
+      logits, cache = model.decode(cache, toks, lengths)
+      return cache, _argmax_tokens(logits)
+    return jax.lax.fori_loop(0, steps, body, (cache, toks))[1]
+
+  return lambda: run(model, cache, toks)
+
+
+def ar_loop(model, cache, length: int, steps: int, sampling, max_new_tokens: int):
+  """`steps` iterations of the autoregressive loop body (as decoding._autoregressive_program)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
+  b = cache.enc_mask.shape[0]
+  eos = model.config.eos_token_id
+
+  @jax.jit
+  def run(model, cache, rng):
+    seq = jnp.zeros((b, max_new_tokens + 1), jnp.int32)
+    state = (seq, jnp.full((b,), length, jnp.int32), jnp.zeros((b,), bool), cache)
+
+    def body(i, state):
+      seq, lengths, done, cache = state
+      last_B = jnp.take_along_axis(seq, jnp.minimum(lengths, max_new_tokens)[:, None], axis=1)
+      logits, cache = model.decode(cache, last_B, jnp.minimum(lengths, length))
+      p = sampling_lib.probs(logits[:, 0], sampling)
+      if sampling.greedy:
+        tok = jnp.argmax(p, axis=-1).astype(jnp.int32)
+      else:
+        tok = jax.vmap(sampling_lib.sample)(decoding._row_keys(rng, i, b), p)  # pylint: disable=protected-access
+      seq, lengths, done = decoding._commit(seq, jnp.minimum(lengths, length), done * False,  # pylint: disable=protected-access
+                                            tok[:, None], jnp.ones((b,), jnp.int32), -1,
+                                            max_new_tokens)
+      return seq, lengths, done, cache
+
+    return jax.lax.fori_loop(0, steps, body, state)[0]
+
+  key = jax.random.PRNGKey(0)
+  return lambda: run(model, cache, key)
+
+
+def spec_loop(target, draft, input_ids, gamma: int, max_new_tokens: int, length: int,
+              steps: int, sampling):
+  """`steps` calls of decoding.speculative_step on a state whose rows sit at `length`."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  draft = decoding._as_draft(draft)  # pylint: disable=protected-access
+
+  @jax.jit
+  def init(target, draft, ids):
+    return decoding.speculative_init(target, draft, ids, jax.random.PRNGKey(0), gamma=gamma,
+                                     max_new_tokens=max_new_tokens)
+
+  state0 = init(target, draft, input_ids)
+  b = input_ids.shape[0]
+
+  @jax.jit
+  def run(target, draft, state):
+    def body(_, s):
+      # Pin every row at `length`, never done: each iteration does the work of a mid-sequence one.
+      s = s.replace(lengths=jnp.full((b,), length, jnp.int32), done=jnp.zeros((b,), bool))
+      return decoding.speculative_step(target, draft, s, gamma=gamma,
+                                       max_new_tokens=max_new_tokens, sampling=sampling,
+                                       eos_id=-1)
+    return jax.lax.fori_loop(0, steps, body, state).seq
+
+  return lambda: run(target, draft, state0)
+
+
+def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
+  import jax  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  m = args.max_new_tokens
+  cache_len = m + gamma + 1
+  length = cache_len // 2
+  k = args.loop_steps
+  sampling = decoding._sampling(temperature, 0, 1.0)  # pylint: disable=protected-access
+  init_t = jax.jit(target.init_cache, static_argnums=1)
+  init_d = jax.jit(draft.init_cache, static_argnums=1)
+  tc, dc = init_t(input_ids, cache_len), init_d(input_ids, cache_len)
+  fns = {
+      'target_1': step_loop(target, tc, 1, length, k),
+      'draft_1': step_loop(draft, dc, 1, length, k),
+      'target_block': step_loop(target, tc, gamma + 1, length, k),
+      'ar_iter': ar_loop(target, init_t(input_ids, m + 1), m // 2, k, sampling, m),
+      'spec_iter': spec_loop(target, draft, input_ids, gamma, m, length, k, sampling),
+  }
+  t = bc.interleave(fns, repeats=args.cost_repeats)
+  ms = {name: 1e3 * r['median_s'] / k for name, r in t.items()}
+  models = gamma * ms['draft_1'] + ms['target_block']
+  return {
+      'temperature': temperature, 'gamma': gamma,
+      'target_1_ms': ms['target_1'], 'draft_1_ms': ms['draft_1'],
+      'target_block_ms': ms['target_block'], 'block_cost': ms['target_block'] / ms['target_1'],
+      'ar_iter_ms': ms['ar_iter'], 'ar_overhead_ms': ms['ar_iter'] - ms['target_1'],
+      'spec_iter_ms': ms['spec_iter'], 'models_ms': models,
+      'spec_overhead_ms': ms['spec_iter'] - models,
+      'spec_overhead_frac': (ms['spec_iter'] - models) / ms['spec_iter'],
+      'c': ms['draft_1'] / ms['target_1'],
+      'compile_s': {n: r['first_s'] for n, r in t.items()},
+  }
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def end_to_end(target, draft, prompts, gamma, temperature, args):
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  m = args.max_new_tokens
+  out = {'ar': [], 'spec': []}
+
+  def ar():
+    out['ar'] = [decoding.autoregressive_decode(target, x, max_new_tokens=m,
+                                                temperature=temperature,
+                                                rng=jax.random.PRNGKey(i))
+                 for i, x in enumerate(prompts)]
+    return [o.tokens for o in out['ar']]
+
+  def spec():
+    out['spec'] = [decoding.speculative_decode(target, draft, x, gamma=gamma, max_new_tokens=m,
+                                               temperature=temperature,
+                                               rng=jax.random.PRNGKey(i))
+                   for i, x in enumerate(prompts)]
+    return [o.tokens for o in out['spec']]
+
+  t = bc.interleave({'ar': ar, 'spec': spec}, repeats=args.repeats)
+  n_ar = sum(int(o.lengths[0]) for o in out['ar'])
+  n_spec = sum(int(o.lengths[0]) for o in out['spec'])
+  st = [o.stats for o in out['spec']]
+  a_sum = sum(float(np.sum(s.alpha_sum)) for s in st)
+  a_cnt = sum(int(np.sum(s.alpha_count)) for s in st)
+  emitted = sum(int(np.sum(s.emitted)) for s in st)
+  iters = sum(int(np.sum(s.target_calls)) for s in st)
+  identical = None
+  if temperature == 0:
+    identical = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+                    for a, b in zip(out['ar'], out['spec']))
+  return {
+      'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
+      'ar_compile_s': t['ar']['first_s'], 'spec_compile_s': t['spec']['first_s'],
+      'ar_tokens': n_ar, 'spec_tokens': n_spec,
+      'ar_tok_s': n_ar / t['ar']['median_s'], 'spec_tok_s': n_spec / t['spec']['median_s'],
+      'alpha': a_sum / max(a_cnt, 1), 'tokens_per_iter': emitted / max(iters, 1),
+      'iterations': iters, 'identical_greedy': identical,
+  }
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax import metrics  # pylint: disable=import-outside-toplevel
+  info = bc.machine_info()
+  print(f'machine: {bc.describe_machine(info)}')
+  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
+  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  padded, ids, _ = bc.load_prompts(args.n, target.config.vocab_size, tdir,
+                                   eos_id=target.config.eos_token_id)
+  prompts = [jnp.asarray(padded[i:i + 1]) for i in range(len(ids))]
+  print(f'pair: {desc}; {len(ids)} prompts, batch 1, source padded to {padded.shape[1]}, '
+        f'max_new_tokens {args.max_new_tokens}')
+  gammas = [int(g) for g in args.gammas.split(',')]
+  temps = [float(t) for t in args.temperatures.split(',')]
+  t0 = time.perf_counter()
+  costs, cells = [], []
+  for temp in temps:
+    for g in gammas:
+      costs.append(cost_breakdown(target, draft, prompts[0], g, temp, args))
+  cost_of = {(c['temperature'], c['gamma']): c for c in costs}
+  for temp in temps:
+    for g in gammas:
+      e = end_to_end(target, draft, prompts, g, temp, args)
+      c = cost_of[(temp, g)]['c']
+      cost = cost_of[(temp, g)]
+      pred = metrics.walltime_improvement(e['alpha'], g, c)
+      measured = e['spec_tok_s'] / e['ar_tok_s']
+      cells.append(dict(e, temperature=temp, gamma=g, c=c, predicted=pred, measured=measured,
+                        ratio=measured / pred,
+                        iteration_model=e['tokens_per_iter'] * cost['ar_iter_ms']
+                        / cost['spec_iter_ms']))
+      print(f'  T={temp:g} gamma={g}: measured {measured:.2f}x, predicted {pred:.2f}x '
+            f'(alpha {e["alpha"]:.3f}, c {c:.3f})', flush=True)
+  print('\nSpeedup vs prediction (batch 1, tokens/s ratios, median of interleaved repeats)')
+  print(bc.markdown_table(cells, CELL_COLUMNS))
+  print('\nPer-iteration costs, compiled (ms, median; overhead = work outside the forward passes)')
+  print(bc.markdown_table(costs, COST_COLUMNS))
+  ratios = [c['ratio'] for c in cells]
+  print(f'\nmeasured / predicted: min {min(ratios):.2f}, max {max(ratios):.2f} (goal >= 0.9)')
+  result = {'machine': info, 'args': vars(args), 'pair': desc, 'cells': cells, 'costs': costs,
+            'wall_s': time.perf_counter() - t0, 'load_average_end': bc.load_average()}
+  bc.write_json(args.out, result)
+  return result
+
+
+if __name__ == '__main__':
+  main()
