@@ -10,6 +10,8 @@ setup(
     long_description_content_type='text/markdown',
     python_requires='>=3.10',
     packages=find_packages(include=['specjax', 'specjax.*']),
+    # The offline corpus, its tokenizer and the shipped tiny model pair travel with the package.
+    package_data={'specjax': ['assets/*/*', 'assets/*/*/*']},
     install_requires=[
         'jax>=0.4.30',
         'flax>=0.8',
@@ -23,9 +25,19 @@ setup(
         'sentencepiece>=0.2',
         'tokenizers>=0.19',
         'numpy>=1.24',
+        'sacrebleu>=2.3',
+        'rouge-score>=0.1.2',
+        'matplotlib>=3.7',
+        'tqdm>=4.60',
+        'rich>=13',
     ],
     extras_require={
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.
-        'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1'],
+        'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1',
+                 'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6'],
+        # WMT14 / CNN-DM through Hugging Face datasets at run time (the paper's tasks).
+        'data': ['datasets>=2.14'],
+        # Rebuilding the shipped Bible corpus from Debian's SWORD packages.
+        'corpus': ['pysword>=0.2.8'],
     },
 )
