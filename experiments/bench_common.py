@@ -215,9 +215,6 @@ def build_hf_pair(directory, arch: str = 'tiny', *, seed: int = 0, draft_layers:
 
   Returns (target_dir, draft_dir). Reuses existing directories with the same recipe unless force.
   """
-  import torch  # pylint: disable=import-outside-toplevel
-  from transformers import T5Config, T5ForConditionalGeneration  # pylint: disable=import-outside-toplevel
-  _quiet_transformers()
   kw = dict(ARCHS[arch])
   draft_layers = PAIR_DEFAULTS[arch]['draft_layers'] if draft_layers is None else draft_layers
   damp = PAIR_DEFAULTS[arch]['damp'] if damp is None else damp
@@ -228,6 +225,9 @@ def build_hf_pair(directory, arch: str = 'tiny', *, seed: int = 0, draft_layers:
   stamp = directory / 'recipe.json'
   if not force and stamp.is_file() and json.loads(stamp.read_text()) == recipe:
     return tdir, ddir
+  import torch  # pylint: disable=import-outside-toplevel
+  from transformers import T5Config, T5ForConditionalGeneration  # pylint: disable=import-outside-toplevel
+  _quiet_transformers()
   directory.mkdir(parents=True, exist_ok=True)
   torch.manual_seed(seed)
   config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,

@@ -219,8 +219,9 @@ def run_cell(spec: RunSpec, task: str, draft_name: str, target, draft, tokenizer
             for i, b in enumerate(batches)]
 
   def run_spec():
+    # trace=True costs one small write per iteration and feeds the trace picture for free.
     return [decoding.speculative_decode(target, draft, b, gamma=gamma,
-                                        rng=jax.random.fold_in(rng, i), **kw)
+                                        rng=jax.random.fold_in(rng, i), trace=True, **kw)
             for i, b in enumerate(batches)]
 
   outputs = {}
@@ -284,6 +285,9 @@ def run_cell(spec: RunSpec, task: str, draft_name: str, target, draft, tokenizer
   record['_examples'] = [{'source': s, 'reference': r, 'baseline': b, 'speculative': p}
                          for s, r, b, p in zip(prompts.sources, prompts.references, base_text,
                                                spec_text)][:spec.show_examples]
+  first = spec_out[0]
+  record['_trace'] = (np.asarray(first.trace_drafts[0]), np.asarray(first.trace_accepted[0]),
+                      np.asarray(first.tokens[0])[:int(first.lengths[0])])
   return record
 
 
@@ -333,10 +337,12 @@ def run(spec: RunSpec, out=sys.stdout) -> list[dict[str, Any]]:
           record = run_cell(spec, task, draft_name, target, draft, tokenizer, prompts,
                             temperature, gamma, c)
           examples = record.pop('_examples')
+          trace = record.pop('_trace')
+          if spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas):
+            report.trace_picture(spec, task, spec.draft_label(draft_name), tokenizer, *trace,
+                                 gamma=gamma, temperature=temperature)
           results.append(record)
           progress.update(1)
-        if spec.plots:
-          report.trace_picture(spec, task, draft_name, target, draft, tokenizer, prompts)
     progress.close()
   rows = results.load()
   report.write_tables(spec, rows, out=out)

@@ -168,16 +168,10 @@ def trace_rows(trace_drafts_IxG, trace_accepted_I, tokens_L):
   return rows
 
 
-def trace_picture(spec, task, draft_name, target, draft, tokenizer, prompts, gamma=None):
+def trace_picture(spec, task, label, tokenizer, trace_drafts_IxG, trace_accepted_I, tokens_L, *,
+                  gamma, temperature):
   """The paper's Figure 1 for one prompt: accepted drafts green, rejected red, corrected blue."""
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
-  gamma = gamma or max(spec.gammas)
-  out = decoding.speculative_decode(target, draft, prompts.batches[0][:1], gamma=gamma,
-                                    max_new_tokens=spec.max_new_tokens,
-                                    temperature=min(spec.temperatures), trace=True)
-  length = int(out.lengths[0])
-  rows = trace_rows(np.asarray(out.trace_drafts[0]), np.asarray(out.trace_accepted[0]),
-                    np.asarray(out.tokens[0])[:length])
+  rows = trace_rows(trace_drafts_IxG, trace_accepted_I, tokens_L)
   piece = lambda t: tokenizer.convert_ids_to_tokens(int(t)).replace('\u2581', ' ')
   plt = _plt()
   fig, ax = plt.subplots(figsize=(12, 0.34 * len(rows) + 0.8))
@@ -201,10 +195,9 @@ def trace_picture(spec, task, draft_name, target, draft, tokenizer, prompts, gam
     y += 1
   ax.set_xlim(0, 1)
   ax.set_ylim(-y, 1)
-  label = spec.draft_label(draft_name)
   ax.set_title(f'{task}: {label} drafts for {os.path.basename(os.path.normpath(spec.target))}, '
-               f'gamma={gamma}: {len(rows)} target calls for {length} tokens '
-               '(green accepted, red rejected, blue corrected/bonus)', fontsize=9)
+               f'gamma={gamma}, T={temperature:g}: {len(rows)} target calls for {len(tokens_L)} '
+               'tokens (green accepted, red rejected, blue corrected/bonus)', fontsize=9)
   fig.tight_layout()
   path = os.path.join(spec.output_dir, f'trace_{task}_{label}.png')
   os.makedirs(spec.output_dir, exist_ok=True)

@@ -26,11 +26,16 @@ def get_config(arg=None):
   c.data.batch_size = 24
   c.data.eval_examples = 256
   c.data.bleu_examples = 200
-  c.optim.name = 'adamw'
-  c.optim.learning_rate = 2e-3
+  # T5X's optimiser: Adafactor's updates are relative to each parameter's RMS. T5 has no
+  # 1/sqrt(d_kv) in attention (it is folded into the q init), so AdamW's absolute steps at a useful
+  # learning rate move q/k by ~25% a step and training stalls (tried: lr 2e-3 plateaus at 4.6).
+  c.optim.name = 'adafactor'
+  c.optim.learning_rate = 1e-2
   c.optim.schedule = 'cosine'
-  c.optim.warmup_steps = 60
-  c.optim.end_lr_fraction = 0.05
+  c.optim.warmup_steps = 50
+  c.optim.end_lr_fraction = 0.1
+  c.optim.b1 = 0.0
+  c.optim.clip_norm = 0.0
   c.steps = 800
   c.log_every = 25
   c.eval_every = 200

@@ -56,16 +56,18 @@ def base_config():
                                     # references (sequence-level distillation of a draft)
 
   c.optim = ml_collections.ConfigDict()
-  c.optim.name = 'adamw'            # 'adamw' or 'adafactor' (T5X's: factored second moments,
-                                    # update clipping, lr scaled by the params' RMS)
-  c.optim.learning_rate = 1e-3      # peak learning rate
-  c.optim.schedule = 'cosine'       # 'constant' | 'cosine' | 'linear' | 'rsqrt' (after the warmup)
-  c.optim.warmup_steps = 100        # linear warmup from 0
+  c.optim.name = 'adafactor'        # 'adafactor' (T5X's: factored second moments, update clipping,
+                                    # steps relative to each param's RMS -- suits T5, whose
+                                    # attention has no 1/sqrt(d_kv)) or 'adamw'
+  c.optim.learning_rate = 1e-3      # peak learning rate (T5X: 1e-3 fine-tuning, 1e-2 from scratch)
+  c.optim.schedule = 'constant'     # 'constant' | 'cosine' | 'linear' | 'rsqrt' (after the warmup)
+  c.optim.warmup_steps = 0          # linear warmup from 0
   c.optim.end_lr_fraction = 0.1     # cosine / linear: final lr = learning_rate * end_lr_fraction
-  c.optim.weight_decay = 0.0        # decoupled (adamw); adafactor: weight_decay_rate
-  c.optim.b1 = 0.9                  # adamw beta1; adafactor momentum (0 = none, as T5X)
+  c.optim.weight_decay = 0.0        # adamw: decoupled weight decay; adafactor: weight_decay_rate
+  c.optim.b1 = 0.0                  # adamw beta1 (use 0.9); adafactor momentum (0 = none, as T5X)
   c.optim.b2 = 0.98                 # adamw beta2 (adafactor uses its own decay_rate 0.8)
-  c.optim.clip_norm = 1.0           # global gradient-norm clipping (0 = off)
+  c.optim.clip_norm = 0.0           # global gradient-norm clipping (0 = off; adafactor clips its
+                                    # updates itself)
   c.optim.label_smoothing = 0.0
   c.optim.z_loss = 0.0              # T5X's log(Z)^2 auxiliary loss weight (1e-4 there)
 

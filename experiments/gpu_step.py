@@ -1,0 +1,415 @@
+"""Decoder step costs on an accelerator: 1 vs gamma+1 tokens, the bandwidth floor, loop overhead.
+
+  python experiments/gpu_step.py --shape=xxl [--out=gpu_step.json]     # one GPU, ~10 minutes
+  python experiments/gpu_step.py --shape=tiny [--smoke]                # CPU smoke test, seconds
+
+Target: a random T5-XXL-shaped (v1.1) model, bfloat16 -- d_model 4096, d_ff 10240 (gated-GELU),
+64 heads x 64, 24 + 24 layers, vocab 32128, untied head: 11.3 B parameters, 22.6 GB. Parameters
+are created on the device, one leaf at a time, by `jax.random` inside `jax.jit` (no host copy).
+Draft: the target's own embedding, head, norms and first `--draft_layers` encoder/decoder blocks
+(the same device arrays, no extra memory); the target's later blocks have their residual outputs
+scaled by `--damp`, so the draft approximates it and acceptance is meaningful (random weights).
+
+Stages (each writes the JSON when it finishes, so a run cut short keeps what it measured; a stage
+that would not fit the remaining --budget_s is skipped and says so):
+
+  bandwidth   a large on-device elementwise copy (y = x + 1: read + write) and a reduction (read)
+  steps       decoder step, batch 1, K = 1, 2, 4, ..., tokens per row, compiled `fori_loop`
+              of N steps with the argmax fed back, per-step median; ratio K-token / 1-token
+              (goal <= 1.15 for K = gamma + 1 <= 8); the draft's 1-token step (c)
+  floor       1-token step vs (decoder parameter bytes + lm_head bytes) / copy bandwidth
+              (goal <= 1.5x); also vs the bytes a step must actually read (decoder weights except
+              the cross-attention K/V projections, the head, and the K/V caches)
+  loop        one `decoding.speculative_step` in a compiled loop vs gamma * draft step + target
+              (gamma+1)-block step: the speculative loop's overhead outside the forward passes;
+              and one autoregressive iteration vs the 1-token step
+  end2end     `speculative_decode` vs `autoregressive_decode` on one prompt (batch 1, greedy):
+              per-iteration time of the real while_loop programs, alpha, measured vs predicted
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+
+T_START = time.perf_counter()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+
+SHAPES = {
+    # (target kwargs for specjax.t5.T5Config)
+    'tiny': dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=4,
+                 num_heads=4, gated=True, tie_word_embeddings=False, scale_logits=False),
+    'small': dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8,
+                  num_decoder_layers=8, num_heads=6, gated=True, tie_word_embeddings=False,
+                  scale_logits=False),
+    'xxl': dict(vocab_size=32128, d_model=4096, d_kv=64, d_ff=10240, num_layers=24,
+                num_decoder_layers=24, num_heads=64, gated=True, tie_word_embeddings=False,
+                scale_logits=False),
+}
+STEP_COLUMNS = [
+    ('model', 'model', ''), ('tokens', 'tokens / row', 'd'), ('step_ms', 'step ms', '.3f'),
+    ('vs_1', 'vs 1 token', '.3f'), ('goal', 'goal', ''),
+]
+FLOOR_COLUMNS = [
+    ('what', 'bytes counted', ''), ('gbytes', 'GB', '.3f'), ('floor_ms', 'floor ms', '.3f'),
+    ('step_ms', '1-token step ms', '.3f'), ('x_floor', 'step / floor', '.2f'), ('goal', 'goal', ''),
+]
+LOOP_COLUMNS = [
+    ('what', 'per iteration', ''), ('ms', 'ms', '.3f'), ('models_ms', 'forward passes ms', '.3f'),
+    ('overhead_ms', 'overhead ms', '.3f'), ('overhead_frac', 'overhead', '.1%'),
+]
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  p.add_argument('--shape', default='tiny', choices=sorted(SHAPES))
+  p.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float32'))
+  p.add_argument('--ks', default='1,2,4,6,8', help='tokens per row of the timed decoder steps')
+  p.add_argument('--gamma', type=int, default=5, help='gamma of the loop / end2end stages')
+  p.add_argument('--draft_layers', type=int, default=2)
+  p.add_argument('--damp', type=float, default=0.1)
+  p.add_argument('--src_len', type=int, default=128)
+  p.add_argument('--max_new_tokens', type=int, default=128)
+  p.add_argument('--steps', type=int, default=16, help='N of the compiled step loops')
+  p.add_argument('--repeats', type=int, default=7)
+  p.add_argument('--bw_gib', type=float, default=4.0, help='bandwidth buffer (GiB)')
+  p.add_argument('--budget_s', type=float, default=540.0, help='skip stages past this wall time')
+  p.add_argument('--stages', default='bandwidth,steps,floor,loop,end2end')
+  p.add_argument('--out', default='')
+  p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.shape, a.ks, a.gamma, a.src_len, a.max_new_tokens = 'tiny', '1,4', 3, 16, 12
+    a.steps, a.repeats, a.bw_gib, a.draft_layers = 4, 2, 0.01, 1
+  if a.shape == 'tiny' and not a.smoke:
+    a.bw_gib = min(a.bw_gib, 0.25)
+  return a
+
+
+def elapsed() -> float:
+  return time.perf_counter() - T_START
+
+
+# ----------------------------------------------------------------------------- device params
+
+
+def _std(path: str, shape) -> float:
+  if path == 'shared':
+    return 1.0
+  return float(shape[0]) ** -0.5  # fan-in for [in, out] matrices and [buckets, heads] tables
+
+
+@functools.lru_cache(maxsize=None)
+def _rand_fn(shape, dtype, kind):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  @jax.jit
+  def make(key, std):
+    if kind == 'ones':
+      return jnp.ones(shape, dtype)
+    return (std * jax.random.normal(key, shape, jnp.float32)).astype(dtype)
+  return make
+
+
+def device_params(config, dtype, seed: int = 0):
+  """Random params with init_params' tree structure, each leaf made on the device by a jitted
+  jax.random call (one small compile per distinct leaf shape)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.t5 import init_params  # pylint: disable=import-outside-toplevel
+  shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))
+  leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
+  key = jax.random.PRNGKey(seed)
+  out = []
+  for i, (path, sd) in enumerate(leaves):
+    name = jax.tree_util.keystr(path).strip("[]'")
+    kind = 'ones' if len(sd.shape) == 1 else 'normal'
+    fn = _rand_fn(tuple(sd.shape), jnp.dtype(sd.dtype), kind)
+    out.append(fn(jax.random.fold_in(key, i), jnp.float32(_std(name, sd.shape))))
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def make_pair(shape: str, dtype, draft_layers: int, damp: float):
+  """(target, draft) T5Models; the draft shares the target's arrays (first blocks, head)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
+  config = T5Config(**SHAPES[shape])
+  params = device_params(config, dtype)
+  scale = jax.jit(lambda w: (w.astype(jnp.float32) * damp).astype(w.dtype), donate_argnums=0)
+  for stack in ('encoder', 'decoder'):
+    for i, layer in enumerate(params[stack]['layers']):
+      if i >= draft_layers:
+        for name in list(layer):
+          if name in ('o', 'self_o', 'cross_o', 'wo'):
+            layer[name] = scale(layer[name])
+  dparams = dict(params)
+  dparams['encoder'] = dict(params['encoder'], layers=params['encoder']['layers'][:draft_layers])
+  dparams['decoder'] = dict(params['decoder'], layers=params['decoder']['layers'][:draft_layers])
+  dconfig = dataclasses.replace(config, num_layers=draft_layers, num_decoder_layers=draft_layers)
+  return T5Model(params=params, config=config), T5Model(params=dparams, config=dconfig)
+
+
+def synthetic_cache(model, batch: int, src_len: int, cache_len: int, seed: int = 1):
+  """A DecoderCache without running the encoder: zero self K/V, random cross K/V (on device)."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.t5 import DecoderCache  # pylint: disable=import-outside-toplevel
+  c = model.config
+  dtype = model.dtype
+  n = c.num_decoder_layers
+  zeros = _rand_fn((batch, cache_len, c.num_heads, c.d_kv), jnp.dtype(dtype), 'ones')
+  rnd = _rand_fn((batch, src_len, c.num_heads, c.d_kv), jnp.dtype(dtype), 'normal')
+  key = jax.random.PRNGKey(seed)
+  z = zeros(key, jnp.float32(0)) * 0
+  cross_k = tuple(rnd(jax.random.fold_in(key, 2 * i), jnp.float32(1)) for i in range(n))
+  cross_v = tuple(rnd(jax.random.fold_in(key, 2 * i + 1), jnp.float32(1)) for i in range(n))
+  return DecoderCache(self_k=(z,) * n, self_v=(z,) * n, cross_k=cross_k, cross_v=cross_v,
+                      enc_mask=jnp.ones((batch, src_len), bool))
+
+
+def nbytes(tree) -> int:
+  import jax  # pylint: disable=import-outside-toplevel
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+# ----------------------------------------------------------------------------- stages
+
+
+def stage_bandwidth(args, res):
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  n = int(args.bw_gib * 2 ** 30) // 2
+  x = jax.jit(lambda: jnp.ones((n,), jnp.bfloat16), )()
+  add = jax.jit(lambda x: x + jnp.bfloat16(1))
+  red = jax.jit(lambda x: jnp.sum(x, dtype=jnp.float32))
+  t = bc.interleave({'copy': lambda: add(x), 'read': lambda: red(x)}, repeats=args.repeats)
+  res['bandwidth'] = {
+      'bytes': 2 * n, 'copy_s': t['copy']['median_s'], 'read_s': t['read']['median_s'],
+      'copy_gbps': 2 * (2 * n) / t['copy']['median_s'] / 1e9,  # read + write
+      'read_gbps': (2 * n) / t['read']['median_s'] / 1e9,
+  }
+  del x
+  b = res['bandwidth']
+  print(f"bandwidth: copy {b['copy_gbps']:.1f} GB/s (read+write of {b['bytes'] / 2**30:.2f} GiB), "
+        f"read {b['read_gbps']:.1f} GB/s", flush=True)
+
+
+def stage_steps(args, res, target, draft):
+  import bench_bound  # pylint: disable=import-outside-toplevel
+  ks = [int(k) for k in args.ks.split(',')]
+  if 1 not in ks:
+    ks = [1] + ks
+  cache_len = args.max_new_tokens + max(max(ks), args.gamma + 1) + 1
+  length = cache_len // 2
+  tc = synthetic_cache(target, 1, args.src_len, cache_len)
+  dc = synthetic_cache(draft, 1, args.src_len, cache_len)
+  rows = res.setdefault('steps', [])
+  step_ms = {}
+  for k in ks + ['draft']:
+    if elapsed() > args.budget_s:
+      res.setdefault('skipped', []).append(f'steps k={k}')
+      continue
+    if k == 'draft':
+      fn = bench_bound.step_loop(draft, dc, 1, length, args.steps)
+    else:
+      fn = bench_bound.step_loop(target, tc, k, length, args.steps)
+    t = bc.interleave({'x': fn}, repeats=args.repeats)['x']
+    ms = 1e3 * t['median_s'] / args.steps
+    step_ms[k] = ms
+    rec = {'model': 'draft' if k == 'draft' else 'target', 'tokens': 1 if k == 'draft' else k,
+           'step_ms': ms, 'first_call_s': t['first_s'],
+           'vs_1': ms / step_ms[1] if k != 'draft' else None,
+           'goal': '<= 1.15' if k != 'draft' and 1 < k <= 8 else ''}
+    if k == 'draft':
+      rec['c'] = ms / step_ms[1]
+      rec['goal'] = f"c = {rec['c']:.3f}"
+    rows.append(rec)
+    print(f"  step {rec['model']} K={rec['tokens']}: {ms:.3f} ms "
+          f"(first call {t['first_s']:.1f} s)", flush=True)
+    bc.write_json(args.out, res)
+  res['cache_len'] = cache_len
+  res['step_length'] = length
+
+
+def stage_floor(args, res, target):
+  if 'bandwidth' not in res or not res.get('steps'):
+    res.setdefault('skipped', []).append('floor (needs bandwidth and steps)')
+    return
+  p = target.params
+  dec = nbytes(p['decoder'])
+  head = nbytes(p['lm_head']) if 'lm_head' in p else nbytes(p['shared'])
+  cross_kv = sum(nbytes(layer['cross_k']) + nbytes(layer['cross_v'])
+                 for layer in p['decoder']['layers'])
+  c = target.config
+  itemsize = target.dtype.itemsize
+  cache = (2 * c.num_decoder_layers * c.inner_dim * itemsize * (res['cache_len'] + args.src_len))
+  bw = res['bandwidth']['copy_gbps'] * 1e9
+  step = next(r['step_ms'] for r in res['steps'] if r['model'] == 'target' and r['tokens'] == 1)
+  rows = []
+  for what, b in (('decoder params + lm_head (goal)', dec + head),
+                  ('must-read: decoder w/o cross K/V proj + head + K/V caches',
+                   dec - cross_kv + head + cache)):
+    floor_ms = 1e3 * b / bw
+    rows.append({'what': what, 'gbytes': b / 1e9, 'floor_ms': floor_ms, 'step_ms': step,
+                 'x_floor': step / floor_ms, 'goal': '<= 1.5' if 'goal' in what else ''})
+  res['floor'] = rows
+  print(f"floor: 1-token step {step:.3f} ms = {rows[0]['x_floor']:.2f}x the bandwidth floor "
+        f"{rows[0]['floor_ms']:.3f} ms ({rows[0]['gbytes']:.2f} GB at "
+        f"{res['bandwidth']['copy_gbps']:.0f} GB/s)", flush=True)
+
+
+def stage_loop(args, res, target, draft, ids):
+  import bench_bound  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  g, m = args.gamma, args.max_new_tokens
+  sampling = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
+  cache_len = m + g + 1
+  length = cache_len // 2
+  tc = synthetic_cache(target, 1, ids.shape[1], cache_len)
+  dc = synthetic_cache(draft, 1, ids.shape[1], cache_len)
+  tc_ar = synthetic_cache(target, 1, ids.shape[1], m + 1)
+  fns = {
+      'target_1': bench_bound.step_loop(target, tc, 1, length, args.steps),
+      'draft_1': bench_bound.step_loop(draft, dc, 1, length, args.steps),
+      'target_block': bench_bound.step_loop(target, tc, g + 1, length, args.steps),
+      'ar_iter': bench_bound.ar_loop(target, tc_ar, m // 2, args.steps, sampling, m),
+      'spec_iter': bench_bound.spec_loop(target, draft, ids, g, m, length, args.steps, sampling),
+  }
+  t = bc.interleave(fns, repeats=args.repeats)
+  ms = {k: 1e3 * v['median_s'] / args.steps for k, v in t.items()}
+  models = g * ms['draft_1'] + ms['target_block']
+  res['loop'] = {
+      'gamma': g, 'ms': ms, 'first_call_s': {k: v['first_s'] for k, v in t.items()},
+      'rows': [
+          {'what': f'speculative_step (gamma={g})', 'ms': ms['spec_iter'], 'models_ms': models,
+           'overhead_ms': ms['spec_iter'] - models,
+           'overhead_frac': (ms['spec_iter'] - models) / ms['spec_iter']},
+          {'what': 'autoregressive iteration', 'ms': ms['ar_iter'], 'models_ms': ms['target_1'],
+           'overhead_ms': ms['ar_iter'] - ms['target_1'],
+           'overhead_frac': (ms['ar_iter'] - ms['target_1']) / ms['ar_iter']},
+      ]}
+  r = res['loop']['rows'][0]
+  print(f"loop: speculative_step {r['ms']:.3f} ms vs forward passes {r['models_ms']:.3f} ms "
+        f"(overhead {r['overhead_frac']:.1%})", flush=True)
+
+
+def stage_end2end(args, res, target, draft, ids):
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax import decoding, metrics  # pylint: disable=import-outside-toplevel
+  g, m = args.gamma, args.max_new_tokens
+  out = {}
+
+  def spec():
+    out['spec'] = decoding.speculative_decode(target, draft, ids, gamma=g, max_new_tokens=m,
+                                              eos_id=-1)
+    return out['spec'].tokens
+
+  def ar():
+    out['ar'] = decoding.autoregressive_decode(target, ids, max_new_tokens=m, eos_id=-1)
+    return out['ar'].tokens
+
+  t = bc.interleave({'ar': ar, 'spec': spec}, repeats=max(3, args.repeats // 2))
+  s = out['spec'].stats
+  iters = int(s.iterations)
+  alpha = s.alpha
+  c = None
+  for r in res.get('steps', []):
+    if r['model'] == 'draft':
+      c = r['c']
+  rec = {
+      'gamma': g, 'max_new_tokens': m, 'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
+      'ar_first_s': t['ar']['first_s'], 'spec_first_s': t['spec']['first_s'],
+      'speedup': t['ar']['median_s'] / t['spec']['median_s'], 'alpha': alpha,
+      'iterations': iters, 'tokens_per_iter': s.tokens_per_target_call,
+      'ar_ms_per_token': 1e3 * t['ar']['median_s'] / m,
+      'spec_ms_per_iter': 1e3 * t['spec']['median_s'] / max(iters, 1),
+      'identical': bool(np.array_equal(np.asarray(out['ar'].tokens), np.asarray(out['spec'].tokens))),
+      'c': c, 'predicted': metrics.walltime_improvement(alpha, g, c) if c else None,
+  }
+  res['end2end'] = rec
+  print(f"end2end: speculative {rec['speedup']:.2f}x autoregressive (alpha {alpha:.3f}, "
+        f"{rec['tokens_per_iter']:.2f} tokens/iter, predicted {rec['predicted'] or float('nan'):.2f}x), "
+        f"identical tokens: {rec['identical']}", flush=True)
+  del jax
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  info = bc.machine_info()
+  info['devices'] = [str(d) for d in jax.devices()]
+  print(f'machine: {bc.describe_machine(info)}; devices {info["devices"]}')
+  dtype = jnp.bfloat16 if args.dtype == 'bfloat16' else jnp.float32
+  res = {'machine': info, 'args': vars(args), 'skipped': [], 'errors': {}}
+  stages = args.stages.split(',')
+
+  def run(name, fn, *a, min_left_s=0.0):
+    if name not in stages:
+      return
+    if elapsed() + min_left_s > args.budget_s:
+      res['skipped'].append(name)
+      print(f'skipping {name}: {elapsed():.0f} s used of --budget_s={args.budget_s:.0f}')
+      return
+    t0 = time.perf_counter()
+    try:
+      fn(args, res, *a)
+    except Exception as e:  # pylint: disable=broad-except  # keep the other stages' results
+      res['errors'][name] = f'{type(e).__name__}: {e}'[:2000]
+      print(f'{name} FAILED: {res["errors"][name]}', flush=True)
+    res.setdefault('stage_s', {})[name] = time.perf_counter() - t0
+    bc.write_json(args.out, res)
+
+  run('bandwidth', stage_bandwidth)
+  t0 = time.perf_counter()
+  target, draft = make_pair(args.shape, dtype, args.draft_layers, args.damp)
+  jax.block_until_ready(target.params)
+  res['params_s'] = time.perf_counter() - t0
+  res['target_params'] = sum(x.size for x in jax.tree.leaves(target.params))
+  res['draft_params'] = sum(x.size for x in jax.tree.leaves(draft.params))
+  res['target_bytes'] = nbytes(target.params)
+  print(f"{args.shape} target {res['target_params'] / 1e9:.3f} B params "
+        f"({res['target_bytes'] / 1e9:.2f} GB {args.dtype}), draft {res['draft_params'] / 1e9:.3f} B "
+        f"(first {args.draft_layers} blocks, shared arrays); made on device in {res['params_s']:.1f} s",
+        flush=True)
+  ids = jax.random.randint(jax.random.PRNGKey(3), (1, args.src_len), 2, target.config.vocab_size,
+                           jnp.int32)
+  run('steps', stage_steps, target, draft)
+  run('floor', stage_floor, target)
+  run('loop', stage_loop, target, draft, ids, min_left_s=60 if args.shape == 'xxl' else 0)
+  run('end2end', stage_end2end, target, draft, ids, min_left_s=90 if args.shape == 'xxl' else 0)
+
+  print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
+        f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
+  if res.get('steps'):
+    print(bc.markdown_table(res['steps'], STEP_COLUMNS))
+  if res.get('floor'):
+    print(f"\nBandwidth floor (copy {res['bandwidth']['copy_gbps']:.1f} GB/s, "
+          f"read {res['bandwidth']['read_gbps']:.1f} GB/s)")
+    print(bc.markdown_table(res['floor'], FLOOR_COLUMNS))
+  if res.get('loop'):
+    print('\nSpeculative loop overhead (compiled loop, per iteration)')
+    print(bc.markdown_table(res['loop']['rows'], LOOP_COLUMNS))
+  if res.get('end2end'):
+    e = res['end2end']
+    print(f"\nEnd to end (batch 1, {e['max_new_tokens']} tokens, gamma {e['gamma']}): "
+          f"AR {e['ar_ms_per_token']:.3f} ms/token, speculative {e['spec_ms_per_iter']:.3f} "
+          f"ms/iteration, {e['tokens_per_iter']:.2f} tokens/iteration, speedup {e['speedup']:.2f}x "
+          f"(predicted {e['predicted'] or float('nan'):.2f}x), alpha {e['alpha']:.3f}")
+  if res['skipped'] or res['errors']:
+    print(f"skipped: {res['skipped']}; errors: {res['errors']}")
+  res['wall_s'] = elapsed()
+  bc.write_json(args.out, res)
+  return res
+
+
+if __name__ == '__main__':
+  main()
