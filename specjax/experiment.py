@@ -294,8 +294,9 @@ def run_cell(spec: RunSpec, task: str, draft_name: str, target, draft, tokenizer
 # ----------------------------------------------------------------------------- the sweep
 
 
-def run(spec: RunSpec, out=sys.stdout) -> list[dict[str, Any]]:
+def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   """Runs every cell not yet in results.jsonl, then writes the table, CSV/Markdown and plots."""
+  out = out or sys.stdout
   from specjax import checkpoints, data  # pylint: disable=import-outside-toplevel
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 

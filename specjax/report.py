@@ -69,8 +69,9 @@ def _atomic_write(path: str, text: str):
   os.replace(tmp, path)
 
 
-def write_tables(spec, rows, out=sys.stdout):
+def write_tables(spec, rows, out=None):
   """Prints the table in the paper's layout and writes table.csv / table.md next to results.jsonl."""
+  out = out or sys.stdout
   if not rows:
     print('no results', file=out)
     return

@@ -1,0 +1,108 @@
+"""The experiment runner end to end on a tiny random pair: table, files, plots, resume after a kill."""
+
+import json
+import os
+import sys
+
+import jax
+import pytest
+
+from specjax import config as config_lib
+from specjax import experiment
+from specjax.checkpoints import save_t5
+from specjax.data import bible_tokenizer
+from specjax.t5 import T5Config, T5Model, init_params
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from configs import tiny  # pylint: disable=wrong-import-position
+
+
+@pytest.fixture(scope='module')
+def pair_dir(tmp_path_factory):
+  """A random target and a noisy copy as draft, with the shipped Bible tokenizer (vocab 4000)."""
+  root = tmp_path_factory.mktemp('pair')
+  tok = bible_tokenizer()
+  cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=1,
+                 num_decoder_layers=2, num_heads=4, gated=True, tie_word_embeddings=False,
+                 scale_logits=False)
+  params = init_params(cfg, jax.random.PRNGKey(0))
+  save_t5(T5Model(params, cfg), root / 'target', tok)
+  noisy = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape),
+                       params)
+  save_t5(T5Model(noisy, cfg), root / 'draft', tok)
+  return root
+
+
+def _spec(pair_dir, out_dir, **overrides):
+  c = tiny.get_config('smoke')
+  c.target = str(pair_dir / 'target')
+  c.drafts = (str(pair_dir / 'draft'),)
+  c.output_dir = str(out_dir)
+  c.temperatures = (0.0,)
+  c.gammas = (2, 3)
+  c.num_examples = 3
+  c.batch_size = 2  # 2 batches, the last padded with a copy: statistics must ignore it
+  c.max_new_tokens = 8
+  c.compilation_cache = ''
+  for k, v in overrides.items():
+    c[k] = v
+  return config_lib.run_spec(c)
+
+
+def test_sweep_writes_results_and_resumes_after_a_kill(pair_dir, tmp_path, monkeypatch, capsys):
+  spec = _spec(pair_dir, tmp_path / 'out')
+  real_run_cell = experiment.run_cell
+  calls = []
+
+  def dies_on_second_cell(*args, **kwargs):
+    if calls:
+      raise KeyboardInterrupt('killed')
+    calls.append(args)
+    return real_run_cell(*args, **kwargs)
+
+  monkeypatch.setattr(experiment, 'run_cell', dies_on_second_cell)
+  with pytest.raises(KeyboardInterrupt):
+    experiment.run(spec)
+  results = tmp_path / 'out' / 'results.jsonl'
+  lines = results.read_text().splitlines()
+  assert len(lines) == 1  # the finished cell is on disk, whole
+  assert not [f for f in os.listdir(tmp_path / 'out') if f.endswith('.tmp')]
+
+  monkeypatch.setattr(experiment, 'run_cell', real_run_cell)
+  rows = experiment.run(spec)
+  out = capsys.readouterr().out
+  assert 'resuming: 1 of 2 cells' in out
+  assert len(results.read_text().splitlines()) == 2 and len(rows) == 2
+  assert {r['gamma'] for r in rows} == {2, 3}
+  for r in rows:
+    assert r['identical_to_baseline']  # greedy: speculative == autoregressive, token for token
+    assert 0.0 <= r['alpha'] <= 1.0 and r['speedup'] > 0 and r['c'] > 0
+    assert r['examples'] == 3
+    assert r['tokens_per_target_call'] >= 1.0
+    assert sum(r['accepted_hist']) > 0
+    assert 'bleu' in r['quality_baseline']
+  for name in ('table.csv', 'table.md', 'speedup_vs_gamma.png', 'alpha_per_draft.png',
+               'trace_bible_en_es_draft.png'):
+    assert (tmp_path / 'out' / name).exists(), name
+  assert 'tok/call' in out and 'speedup' in out
+
+  # A third run has nothing to do and loads no model.
+  monkeypatch.setattr(experiment, 'run_cell', lambda *a, **k: pytest.fail('recomputed a cell'))
+  experiment.run(spec)
+
+
+def test_padding_rows_do_not_enter_statistics(pair_dir, tmp_path):
+  # 3 prompts in batches of 2 vs the same 3 prompts in one batch of 3: identical alpha and counts.
+  a = experiment.run(_spec(pair_dir, tmp_path / 'a', gammas=(2,), plots=False))[0]
+  b = experiment.run(_spec(pair_dir, tmp_path / 'b', gammas=(2,), plots=False, batch_size=3))[0]
+  for key in ('alpha', 'tokens_per_target_call', 'accepted_hist', 'generated_tokens'):
+    assert a[key] == b[key], key
+
+
+def test_results_lines_are_json(pair_dir, tmp_path):
+  rf = experiment.ResultsFile(str(tmp_path / 'r' / 'results.jsonl'))
+  rf.append({'task': 't', 'draft': 'd', 'temperature': 0.0, 'gamma': 1})
+  rf.append({'task': 't', 'draft': 'd', 'temperature': 1.0, 'gamma': 1})
+  assert [json.loads(l)['temperature'] for l in open(rf.path)] == [0.0, 1.0]
+  assert rf.done_keys() == {('t', 'd', 0.0, 1), ('t', 'd', 1.0, 1)}
