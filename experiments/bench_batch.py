@@ -54,15 +54,14 @@ def parse_args(argv=None):
   p.add_argument('--smoke', action='store_true')
   a = p.parse_args(argv)
   if a.smoke:
-    a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '8', 1, 3
+    a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '12', 1, 3
   return a
 
 
 def block_cost(target, ids, gamma: int, cache_len: int, steps: int = 16, repeats: int = 5):
   """(gamma+1)-token / 1-token target step time at this batch, compiled loops (bench_bound)."""
-  import jax  # pylint: disable=import-outside-toplevel
   import bench_bound  # pylint: disable=import-outside-toplevel
-  cache = jax.jit(target.init_cache, static_argnums=1)(ids, cache_len)
+  cache = bench_bound._jitted()['init_cache'](target, ids, max_len=cache_len)  # pylint: disable=protected-access
   t = bc.interleave({'1': bench_bound.step_loop(target, cache, 1, cache_len // 2, steps),
                      'g1': bench_bound.step_loop(target, cache, gamma + 1, cache_len // 2, steps)},
                     repeats=repeats)
@@ -126,7 +125,7 @@ def main(argv=None) -> dict:
       row['speedup'] = row['spec_tok_s'] / row['ar_tok_s']
       row['block_cost'] = block_cost(target, x, args.gamma, m + args.gamma + 1,
                                      steps=4 if args.smoke else 16,
-                                     repeats=1 if args.smoke else 5)
+                                     repeats=1 if args.smoke else args.repeats)
       rows.append(row)
       print(f"  B={b} M={m}: AR {row['ar_tok_s']:.0f} tok/s, spec {row['spec_tok_s']:.0f} tok/s, "
             f"speedup {row['speedup']:.2f}x, row util {row['row_util']:.0%}, "

@@ -27,8 +27,12 @@ rows at half of it):
   overhead    spec iter - (gamma * draft 1 + target g+1): work outside the two models' forward
               passes per iteration; and AR iter - target 1 for the baseline.
   block cost  target g+1 / target 1: the theorem assumes 1 (verification is free), a CPU does not.
-and an "iteration model" of the speedup, E[tokens per iteration] * AR iter / spec iter, which
-accounts for the real per-iteration costs but not for the per-call costs (two encoders, init).
+Two refinements of the prediction locate the gap:
+  Thm 3.8 w/ block cost   E[tokens per iteration] / (gamma c + block cost): the theorem with the
+                          measured cost of verifying gamma+1 tokens instead of assuming it is free
+  iteration model         measured tokens per iteration * AR iter / spec iter: all per-iteration
+                          costs (including the overhead), but not the per-call ones (two
+                          encoders, init, dispatch)
 """
 
 from __future__ import annotations
@@ -44,7 +48,10 @@ import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 CELL_COLUMNS = [
     ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'), ('alpha', 'alpha', '.3f'),
     ('tokens_per_iter', 'tokens/iter', '.2f'), ('c', 'c', '.3f'),
-    ('predicted', 'predicted (Thm 3.8)', '.2f'), ('iteration_model', 'iteration model', '.2f'),
+    ('c_measure_c', 'c (measure_c)', '.3f'),
+    ('predicted', 'predicted (Thm 3.8)', '.2f'),
+    ('predicted_block', 'Thm 3.8 w/ block cost', '.2f'),
+    ('iteration_model', 'iteration model', '.2f'),
     ('measured', 'measured', '.2f'), ('ratio', 'measured / predicted', '.2f'),
     ('ar_tok_s', 'AR tok/s', '.0f'), ('spec_tok_s', 'spec tok/s', '.0f'),
     ('spec_compile_s', 'spec compile s', '.1f'),
@@ -82,113 +89,134 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------- compiled costs
 
 
-def _argmax_tokens(logits_BxKxV):
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  return jnp.argmax(logits_BxKxV, axis=-1).astype(jnp.int32)
-
-
 def step_loop(model, cache, k_tokens: int, length: int, steps: int):
-  """A jitted fn(): `steps` decoder steps of k_tokens at offset `length`, the argmax fed back."""
-  import jax  # pylint: disable=import-outside-toplevel
+  """fn(): `steps` decoder steps of k_tokens per row at offset `length`, the argmax fed back,
+  in one compiled fori_loop (the cache carried as in the real loop)."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   b = cache.enc_mask.shape[0]
   lengths = jnp.full((b,), length, jnp.int32)
   toks = jnp.full((b, k_tokens), 5, jnp.int32)
-
-  @jax.jit
-  def run(model, cache, toks):
-    def body(_, carry):
-      cache, toks = carry
-      logits, cache = model.decode(cache, toks, lengths)
-      return cache, _argmax_tokens(logits)
-    return jax.lax.fori_loop(0, steps, body, (cache, toks))[1]
-
-  return lambda: run(model, cache, toks)
+  run = _jitted()['step']
+  return lambda: run(model, cache, toks, lengths, steps=steps)
 
 
 def ar_loop(model, cache, length: int, steps: int, sampling, max_new_tokens: int):
-  """`steps` iterations of the autoregressive loop body (as decoding._autoregressive_program)."""
+  """fn(): `steps` iterations of the autoregressive loop body (decoding._autoregressive_program's:
+  decoder step, token choice, commit), rows pinned at `length`."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
-  from specjax import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
   b = cache.enc_mask.shape[0]
-  eos = model.config.eos_token_id
-
-  @jax.jit
-  def run(model, cache, rng):
-    seq = jnp.zeros((b, max_new_tokens + 1), jnp.int32)
-    state = (seq, jnp.full((b,), length, jnp.int32), jnp.zeros((b,), bool), cache)
-
-    def body(i, state):
-      seq, lengths, done, cache = state
-      last_B = jnp.take_along_axis(seq, jnp.minimum(lengths, max_new_tokens)[:, None], axis=1)
-      logits, cache = model.decode(cache, last_B, jnp.minimum(lengths, length))
-      p = sampling_lib.probs(logits[:, 0], sampling)
-      if sampling.greedy:
-        tok = jnp.argmax(p, axis=-1).astype(jnp.int32)
-      else:
-        tok = jax.vmap(sampling_lib.sample)(decoding._row_keys(rng, i, b), p)  # pylint: disable=protected-access
-      seq, lengths, done = decoding._commit(seq, jnp.minimum(lengths, length), done * False,  # pylint: disable=protected-access
-                                            tok[:, None], jnp.ones((b,), jnp.int32), -1,
-                                            max_new_tokens)
-      return seq, lengths, done, cache
-
-    return jax.lax.fori_loop(0, steps, body, state)[0]
-
+  lengths = jnp.full((b,), length, jnp.int32)
+  run = _jitted()['ar']
   key = jax.random.PRNGKey(0)
-  return lambda: run(model, cache, key)
+  return lambda: run(model, cache, lengths, key, steps=steps, sampling=sampling,
+                     max_new_tokens=max_new_tokens)
 
 
 def spec_loop(target, draft, input_ids, gamma: int, max_new_tokens: int, length: int,
               steps: int, sampling):
-  """`steps` calls of decoding.speculative_step on a state whose rows sit at `length`."""
+  """fn(): `steps` calls of decoding.speculative_step on a state whose rows are pinned at
+  `length` and never done, so each iteration does the work of a mid-sequence one."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax import decoding  # pylint: disable=import-outside-toplevel
   draft = decoding._as_draft(draft)  # pylint: disable=protected-access
+  fns = _jitted()
+  state0 = fns['spec_init'](target, draft, input_ids, jax.random.PRNGKey(0), gamma=gamma,
+                            max_new_tokens=max_new_tokens)
+  lengths = jnp.full((input_ids.shape[0],), length, jnp.int32)
+  return lambda: fns['spec'](target, draft, state0, lengths, gamma=gamma,
+                             max_new_tokens=max_new_tokens, sampling=sampling, steps=steps)
 
-  @jax.jit
-  def init(target, draft, ids):
-    return decoding.speculative_init(target, draft, ids, jax.random.PRNGKey(0), gamma=gamma,
+
+_JITTED = {}
+
+
+def _jitted():
+  """Module-level jitted loops (static: steps, gamma, ...), so equal shapes reuse compilations."""
+  if _JITTED:
+    return _JITTED
+  import functools  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
+
+  @functools.partial(jax.jit, static_argnames=('steps',))
+  def step(model, cache, toks, lengths, *, steps):
+    def body(_, carry):
+      cache, toks = carry
+      logits, cache = model.decode(cache, toks, lengths)
+      return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.lax.fori_loop(0, steps, body, (cache, toks))[1]
+
+  @functools.partial(jax.jit, static_argnames=('steps', 'sampling', 'max_new_tokens'))
+  def ar(model, cache, lengths, rng, *, steps, sampling, max_new_tokens):
+    b = lengths.shape[0]
+    seq = jnp.zeros((b, max_new_tokens + 1), jnp.int32)
+
+    def body(i, carry):
+      seq, cache = carry
+      last_B = jnp.take_along_axis(seq, lengths[:, None], axis=1)
+      logits, cache = model.decode(cache, last_B, lengths)
+      if sampling.greedy:  # as decoding._autoregressive_program
+        tok = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
+      else:
+        p = sampling_lib.probs(logits[:, 0], sampling)
+        tok = jax.vmap(sampling_lib.sample)(decoding._row_keys(rng, i, b), p)  # pylint: disable=protected-access
+      seq, _, _ = decoding._commit(seq, lengths, jnp.zeros((b,), bool), tok[:, None],  # pylint: disable=protected-access
+                                   jnp.ones((b,), jnp.int32), -1, max_new_tokens)
+      return seq, cache
+
+    return jax.lax.fori_loop(0, steps, body, (seq, cache))[0]
+
+  @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens'))
+  def spec_init(target, draft, ids, rng, *, gamma, max_new_tokens):
+    return decoding.speculative_init(target, draft, ids, rng, gamma=gamma,
                                      max_new_tokens=max_new_tokens)
 
-  state0 = init(target, draft, input_ids)
-  b = input_ids.shape[0]
+  @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens', 'sampling', 'steps'))
+  def spec(target, draft, state, lengths, *, gamma, max_new_tokens, sampling, steps):
+    b = lengths.shape[0]
 
-  @jax.jit
-  def run(target, draft, state):
     def body(_, s):
-      # Pin every row at `length`, never done: each iteration does the work of a mid-sequence one.
-      s = s.replace(lengths=jnp.full((b,), length, jnp.int32), done=jnp.zeros((b,), bool))
+      s = s.replace(lengths=lengths, done=jnp.zeros((b,), bool))
       return decoding.speculative_step(target, draft, s, gamma=gamma,
                                        max_new_tokens=max_new_tokens, sampling=sampling,
                                        eos_id=-1)
     return jax.lax.fori_loop(0, steps, body, state).seq
 
-  return lambda: run(target, draft, state0)
+  @functools.partial(jax.jit, static_argnames=('max_len',))
+  def init_cache(model, ids, *, max_len):
+    return model.init_cache(ids, max_len)
+
+  _JITTED.update(step=step, ar=ar, spec_init=spec_init, spec=spec, init_cache=init_cache)
+  return _JITTED
 
 
 def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
-  import jax  # pylint: disable=import-outside-toplevel
   from specjax import decoding  # pylint: disable=import-outside-toplevel
   m = args.max_new_tokens
   cache_len = m + gamma + 1
   length = cache_len // 2
   k = args.loop_steps
   sampling = decoding._sampling(temperature, 0, 1.0)  # pylint: disable=protected-access
-  init_t = jax.jit(target.init_cache, static_argnums=1)
-  init_d = jax.jit(draft.init_cache, static_argnums=1)
-  tc, dc = init_t(input_ids, cache_len), init_d(input_ids, cache_len)
+  init = _jitted()['init_cache']
+  tc, dc = init(target, input_ids, max_len=cache_len), init(draft, input_ids, max_len=cache_len)
   fns = {
       'target_1': step_loop(target, tc, 1, length, k),
       'draft_1': step_loop(draft, dc, 1, length, k),
       'target_block': step_loop(target, tc, gamma + 1, length, k),
-      'ar_iter': ar_loop(target, init_t(input_ids, m + 1), m // 2, k, sampling, m),
+      'ar_iter': ar_loop(target, init(target, input_ids, max_len=m + 1), m // 2, k, sampling, m),
       'spec_iter': spec_loop(target, draft, input_ids, gamma, m, length, k, sampling),
   }
   t = bc.interleave(fns, repeats=args.cost_repeats)
   ms = {name: 1e3 * r['median_s'] / k for name, r in t.items()}
+  # The sweep runner's c (specjax.experiment.measure_c): one jitted step per Python call, so its
+  # dispatch cost is included -- larger than the in-loop c for models this small.
+  from specjax import experiment  # pylint: disable=import-outside-toplevel
+  c_runner = experiment.measure_c(target, draft, input_ids, cache_len,
+                                  repeats=max(3, args.cost_repeats))
   models = gamma * ms['draft_1'] + ms['target_block']
   return {
       'temperature': temperature, 'gamma': gamma,
@@ -198,7 +226,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
       'spec_iter_ms': ms['spec_iter'], 'models_ms': models,
       'spec_overhead_ms': ms['spec_iter'] - models,
       'spec_overhead_frac': (ms['spec_iter'] - models) / ms['spec_iter'],
-      'c': ms['draft_1'] / ms['target_1'],
+      'c': ms['draft_1'] / ms['target_1'], 'c_measure_c': c_runner,
       'compile_s': {n: r['first_s'] for n, r in t.items()},
   }
 
@@ -278,7 +306,10 @@ def main(argv=None) -> dict:
       cost = cost_of[(temp, g)]
       pred = metrics.walltime_improvement(e['alpha'], g, c)
       measured = e['spec_tok_s'] / e['ar_tok_s']
-      cells.append(dict(e, temperature=temp, gamma=g, c=c, predicted=pred, measured=measured,
+      pred_block = (metrics.expected_tokens_per_call(e['alpha'], g)
+                    / (g * c + cost['block_cost']))
+      cells.append(dict(e, temperature=temp, gamma=g, c=c, c_measure_c=cost['c_measure_c'],
+                        predicted=pred, predicted_block=pred_block, measured=measured,
                         ratio=measured / pred,
                         iteration_model=e['tokens_per_iter'] * cost['ar_iter_ms']
                         / cost['spec_iter_ms']))

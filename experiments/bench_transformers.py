@@ -16,10 +16,15 @@ Four rows per model pair, on the same test verses one at a time (batch 1), greed
   specjax autoregressive  decoding.autoregressive_decode, one compiled while_loop
   specjax speculative     decoding.speculative_decode(gamma), one compiled while_loop
 
-and a check that all four produce identical tokens for every prompt. Each row is the median over
-`repeats` rounds of decoding all prompts, rounds interleaved (A B C D A B C D ...) after one
-warm-up round (reported separately: JAX compiles there). Torch gets as many intra-op threads as
-the cores XLA's CPU client uses (all of them) and one inter-op thread.
+and a check that all of them produce identical tokens for every prompt. Each row is the median
+over `repeats` rounds of decoding all prompts, rounds interleaved (A B C D A B C D ...) after one
+warm-up round (reported separately: JAX compiles there).
+
+Threads: XLA's CPU client uses all cores (2 here). Torch is timed with torch.set_num_threads(2) --
+the same -- and, by default, also with 1 thread (`--torch_threads=0,1`), each setting its own
+transformers rows: on a loaded machine torch's OpenMP workers at 2 threads spin against other
+processes and run up to ~10x slower, which would flatter specjax. The `x tf ...` ratio columns use
+the FASTEST transformers row, so they are the conservative figure.
 
 Pairs: `tiny` = the shipped EN->ES pair (specjax/assets/tiny_pair; a random stand-in of the same
 shapes while it is absent); `t5-small` = random t5-small-shaped target written by transformers
@@ -66,6 +71,7 @@ def parse_args(argv=None):
   a = p.parse_args(argv)
   if a.smoke:
     a.pairs, a.n, a.max_new_tokens, a.repeats, a.gamma = 'smoke', 2, 12, 1, 3
+    a.torch_threads = '1'
   return a
 
 

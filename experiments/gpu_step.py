@@ -1,7 +1,9 @@
 """Decoder step costs on an accelerator: 1 vs gamma+1 tokens, the bandwidth floor, loop overhead.
 
   python experiments/gpu_step.py --shape=xxl [--out=gpu_step.json]     # one GPU, ~10 minutes
-  python experiments/gpu_step.py --shape=tiny [--smoke]                # CPU smoke test, seconds
+  python experiments/gpu_step.py --shape=tiny                          # CPU smoke test, a minute
+  python experiments/gpu_step.py --smoke                               # tests: smaller still
+  python experiments/gpu_step.py --shape=xxl --dry_run                 # compile-only check, any host
 
 Target: a random T5-XXL-shaped (v1.1) model, bfloat16 -- d_model 4096, d_ff 10240 (gated-GELU),
 64 heads x 64, 24 + 24 layers, vocab 32128, untied head: 11.3 B parameters, 22.6 GB. Parameters
@@ -41,6 +43,8 @@ import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 
 SHAPES = {
     # (target kwargs for specjax.t5.T5Config)
+    'smoke': dict(vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=2,
+                  num_heads=4, gated=True, tie_word_embeddings=False, scale_logits=False),
     'tiny': dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=4,
                  num_heads=4, gated=True, tie_word_embeddings=False, scale_logits=False),
     'small': dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=1024, num_layers=8,
@@ -76,14 +80,17 @@ def parse_args(argv=None):
   p.add_argument('--max_new_tokens', type=int, default=128)
   p.add_argument('--steps', type=int, default=16, help='N of the compiled step loops')
   p.add_argument('--repeats', type=int, default=7)
-  p.add_argument('--bw_gib', type=float, default=4.0, help='bandwidth buffer (GiB)')
+  p.add_argument('--bw_gib', type=float, default=2.0, help='bandwidth buffer (GiB)')
   p.add_argument('--budget_s', type=float, default=540.0, help='skip stages past this wall time')
   p.add_argument('--stages', default='bandwidth,steps,floor,loop,end2end')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
+  p.add_argument('--dry_run', action='store_true',
+                 help='only lower + compile every program for abstract inputs of --shape (checks '
+                      'the XXL shapes on a CPU without allocating them; compile times)')
   a = p.parse_args(argv)
   if a.smoke:
-    a.shape, a.ks, a.gamma, a.src_len, a.max_new_tokens = 'tiny', '1,4', 3, 16, 12
+    a.shape, a.ks, a.gamma, a.src_len, a.max_new_tokens = 'smoke', '1,4', 3, 16, 12
     a.steps, a.repeats, a.bw_gib, a.draft_layers = 4, 2, 0.01, 1
   if a.shape == 'tiny' and not a.smoke:
     a.bw_gib = min(a.bw_gib, 0.25)
@@ -270,7 +277,8 @@ def stage_loop(args, res, target, draft, ids):
   from specjax import decoding  # pylint: disable=import-outside-toplevel
   g, m = args.gamma, args.max_new_tokens
   sampling = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
-  cache_len = m + g + 1
+  # The steps stage's cache length when it ran: the same shapes reuse its compiled loops.
+  cache_len = res.get('cache_len', m + g + 1)
   length = cache_len // 2
   tc = synthetic_cache(target, 1, ids.shape[1], cache_len)
   dc = synthetic_cache(draft, 1, ids.shape[1], cache_len)
@@ -341,8 +349,82 @@ def stage_end2end(args, res, target, draft, ids):
   del jax
 
 
+def dry_run(args) -> dict:
+  """Lowers and compiles every program of the run for abstract (ShapeDtypeStruct) inputs: checks
+  the XXL shapes on any backend without allocating them, and reports compile times."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import bench_bound  # pylint: disable=import-outside-toplevel
+  from specjax import acceptance, decoding  # pylint: disable=import-outside-toplevel
+  from specjax.t5 import DecoderCache, T5Config, T5Model, init_params  # pylint: disable=import-outside-toplevel
+  dtype = jnp.bfloat16 if args.dtype == 'bfloat16' else jnp.float32
+  config = T5Config(**SHAPES[args.shape])
+  params = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))
+  dparams = dict(params)
+  for stack in ('encoder', 'decoder'):
+    dparams[stack] = dict(params[stack], layers=params[stack]['layers'][:args.draft_layers])
+  dconfig = dataclasses.replace(config, num_layers=args.draft_layers,
+                                num_decoder_layers=args.draft_layers)
+  target, draft = T5Model(params, config), T5Model(dparams, dconfig)
+  ks = sorted({1, *(int(k) for k in args.ks.split(','))})
+  g, m, s = args.gamma, args.max_new_tokens, args.src_len
+  cache_len = m + max(max(ks), g + 1) + 1
+  i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)  # noqa: E731
+
+  def cache(model, t):
+    c = model.config
+    kv = jax.ShapeDtypeStruct((1, t, c.num_heads, c.d_kv), dtype)
+    cr = jax.ShapeDtypeStruct((1, s, c.num_heads, c.d_kv), dtype)
+    n = c.num_decoder_layers
+    return DecoderCache(self_k=(kv,) * n, self_v=(kv,) * n, cross_k=(cr,) * n, cross_v=(cr,) * n,
+                        enc_mask=jax.ShapeDtypeStruct((1, s), bool))
+
+  f = bench_bound._jitted()  # pylint: disable=protected-access
+  samp = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
+  key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
+  mdraft = decoding._as_draft(draft)  # pylint: disable=protected-access
+  state = jax.eval_shape(lambda t, d, x: decoding.speculative_init(
+      t, d, x, jax.random.PRNGKey(0), gamma=g, max_new_tokens=m), target, mdraft, i32(1, s))
+  programs = {f'step target K={k}': lambda k=k: f['step'].lower(
+      target, cache(target, cache_len), i32(1, k), i32(1), steps=args.steps) for k in ks}
+  programs.update({
+      'step draft K=1': lambda: f['step'].lower(draft, cache(draft, cache_len), i32(1, 1), i32(1),
+                                                steps=args.steps),
+      'ar loop': lambda: f['ar'].lower(target, cache(target, m + 1), i32(1), key,
+                                       steps=args.steps, sampling=samp, max_new_tokens=m),
+      'spec init': lambda: f['spec_init'].lower(target, mdraft, i32(1, s), key, gamma=g,
+                                                max_new_tokens=m),
+      'spec loop': lambda: f['spec'].lower(target, mdraft, state, i32(1), gamma=g,
+                                           max_new_tokens=m, sampling=samp, steps=args.steps),
+      'speculative_decode': lambda: decoding._speculative_program.lower(  # pylint: disable=protected-access
+          target, mdraft, i32(1, s), key, gamma=g, max_new_tokens=m, sampling=samp, eos_id=-1,
+          trace=False, verify_fn=acceptance.verify),
+      'autoregressive_decode': lambda: decoding._autoregressive_program.lower(  # pylint: disable=protected-access
+          target, i32(1, s), key, max_new_tokens=m, sampling=samp, eos_id=-1),
+  })
+  rows = []
+  for name, lower in programs.items():
+    t0 = time.perf_counter()
+    try:
+      lowered = lower()
+      t1 = time.perf_counter()
+      lowered.compile()
+      rows.append({'program': name, 'lower_s': t1 - t0, 'compile_s': time.perf_counter() - t1})
+    except Exception as e:  # pylint: disable=broad-except
+      rows.append({'program': name, 'error': f'{type(e).__name__}: {e}'[:500]})
+    print(f'  {rows[-1]}', flush=True)
+  print(bc.markdown_table(rows, [('program', 'program', ''), ('lower_s', 'lower s', '.1f'),
+                                 ('compile_s', 'compile s', '.1f'), ('error', 'error', '')]))
+  return {'dry_run': rows, 'args': vars(args)}
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  if args.dry_run:
+    res = dry_run(args)
+    bc.write_json(args.out, res)
+    return res
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()

@@ -241,10 +241,22 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   last_B = jnp.take_along_axis(state.seq, lengths_B[:, None], axis=1)
   block_BxG1 = jnp.concatenate([last_B, draft_BxG], axis=1)
   logits_BxG1xV, target_cache = target.decode(state.target_cache, block_BxG1, lengths_B)
-  p_BxG1xV = sampling_lib.probs(logits_BxG1xV, sampling)
   nan = stats.nan | jnp.isnan(logits_BxG1xV).any() | jnp.isnan(q_BxGxV).any()
 
-  n_B, next_B = jax.vmap(verify_fn)(verify_keys_B[:, 0], draft_BxG, q_BxGxV, p_BxG1xV)
+  if sampling.greedy and verify_fn is acceptance.verify:
+    # Temperature 0: p is the one-hot of the target's argmax a_i, so for ANY q acceptance.verify
+    # accepts draft i iff x_i == a_i, the corrected / bonus token is a_n, and the alpha term
+    # sum_x min(p_i, q_i) is q_i(a_i). Same results without the per-row RNG (threefry loops) and
+    # the [B, G+1, V] probability / residual work.
+    top_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
+    match_BxG = (draft_BxG == top_BxG1[:, :gamma]).astype(jnp.int32)
+    n_B = jnp.sum(jnp.cumprod(match_BxG, axis=1), axis=1, dtype=jnp.int32)
+    next_B = jnp.take_along_axis(top_BxG1, n_B[:, None], axis=1)[:, 0]
+    beta_BxG = jnp.take_along_axis(q_BxGxV, top_BxG1[:, :gamma, None], axis=2)[..., 0]
+  else:
+    p_BxG1xV = sampling_lib.probs(logits_BxG1xV, sampling)
+    n_B, next_B = jax.vmap(verify_fn)(verify_keys_B[:, 0], draft_BxG, q_BxGxV, p_BxG1xV)
+    beta_BxG = jax.vmap(acceptance.alpha_terms)(q_BxGxV, p_BxG1xV)
   # Candidate block: accepted drafts, then the corrected / bonus token at index n.
   idx_G1 = jnp.arange(gamma + 1)
   padded_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((b, 1), jnp.int32)], axis=1)
@@ -254,7 +266,6 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
 
   active_B = ~done_B
   act = active_B.astype(jnp.int32)
-  beta_BxG = jax.vmap(acceptance.alpha_terms)(q_BxGxV, p_BxG1xV)
   on_prefix_BxG = idx_G1[None, :gamma] <= n_B[:, None]
   stats = stats.replace(
       iterations=stats.iterations + 1,
@@ -369,10 +380,10 @@ def _autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, sampli
   def body_fn(state: ARState):
     last_B = jnp.take_along_axis(state.seq, state.lengths[:, None], axis=1)
     logits_Bx1xV, cache = model.decode(state.cache, last_B, state.lengths)
-    p_BxV = sampling_lib.probs(logits_Bx1xV[:, 0], sampling)
-    if sampling.greedy:
-      tok_B = jnp.argmax(p_BxV, axis=-1).astype(jnp.int32)
+    if sampling.greedy:  # argmax of probs' one-hot of the argmax: the same index, one pass
+      tok_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
     else:
+      p_BxV = sampling_lib.probs(logits_Bx1xV[:, 0], sampling)
       tok_B = jax.vmap(sampling_lib.sample)(_row_keys(rng, state.step, b), p_BxV)
     seq, lengths, done = _commit(state.seq, state.lengths, state.done, tok_B[:, None],
                                  jnp.ones((b,), jnp.int32), eos_id, max_new_tokens)
