@@ -26,6 +26,8 @@ rows at half of it):
   spec iter   one `decoding.speculative_step` (propose gamma drafts, verify, accept, stats)
   overhead    spec iter - (gamma * draft 1 + target g+1): work outside the two models' forward
               passes per iteration; and AR iter - target 1 for the baseline.
+  init        per call, before the loop: target encoder + cross K/V + empty cache (AR) and the
+              same for both models (speculative).
   block cost  target g+1 / target 1: the theorem assumes 1 (verification is free), a CPU does not.
 Two refinements of the prediction locate the gap:
   Thm 3.8 w/ block cost   E[tokens per iteration] / (gamma c + block cost): the theorem with the
@@ -64,6 +66,7 @@ COST_COLUMNS = [
     ('spec_iter_ms', 'spec iter ms', '.3f'), ('models_ms', 'g*draft+block ms', '.3f'),
     ('spec_overhead_ms', 'spec overhead ms', '.3f'),
     ('spec_overhead_frac', 'overhead / iter', '.1%'),
+    ('ar_init_ms', 'AR init ms', '.2f'), ('spec_init_ms', 'spec init ms', '.2f'),
 ]
 
 
@@ -195,6 +198,7 @@ def _jitted():
 
 
 def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
+  import jax  # pylint: disable=import-outside-toplevel
   from specjax import decoding  # pylint: disable=import-outside-toplevel
   m = args.max_new_tokens
   cache_len = m + gamma + 1
@@ -209,9 +213,14 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
       'target_block': step_loop(target, tc, gamma + 1, length, k),
       'ar_iter': ar_loop(target, init(target, input_ids, max_len=m + 1), m // 2, k, sampling, m),
       'spec_iter': spec_loop(target, draft, input_ids, gamma, m, length, k, sampling),
+      # Per-call costs: both encoders + empty caches (speculative) vs the target's (autoregressive).
+      'spec_init': lambda: _jitted()['spec_init'](target, decoding._as_draft(draft), input_ids,  # pylint: disable=protected-access
+                                                  jax.random.PRNGKey(0), gamma=gamma,
+                                                  max_new_tokens=m),
+      'ar_init': lambda: init(target, input_ids, max_len=m + 1),
   }
   t = bc.interleave(fns, repeats=args.cost_repeats)
-  ms = {name: 1e3 * r['median_s'] / k for name, r in t.items()}
+  ms = {name: 1e3 * r['median_s'] / (1 if name.endswith('init') else k) for name, r in t.items()}
   # The sweep runner's c (specjax.experiment.measure_c): one jitted step per Python call, so its
   # dispatch cost is included -- larger than the in-loop c for models this small.
   from specjax import experiment  # pylint: disable=import-outside-toplevel
@@ -226,6 +235,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
       'spec_iter_ms': ms['spec_iter'], 'models_ms': models,
       'spec_overhead_ms': ms['spec_iter'] - models,
       'spec_overhead_frac': (ms['spec_iter'] - models) / ms['spec_iter'],
+      'spec_init_ms': ms['spec_init'], 'ar_init_ms': ms['ar_init'],
       'c': ms['draft_1'] / ms['target_1'], 'c_measure_c': c_runner,
       'compile_s': {n: r['first_s'] for n, r in t.items()},
   }

@@ -42,7 +42,7 @@ import numpy as np
 import optax
 
 from specjax import sharding as sharding_lib
-from specjax.checkpoints import load_t5, load_tokenizer, read_config, resolve_checkpoint, save_t5
+from specjax.checkpoints import load_t5, load_tokenizer, resolve_checkpoint, save_t5
 from specjax.config import ConfigError
 from specjax.decoding import autoregressive_decode
 from specjax.t5 import T5Config, T5Model, init_params, shift_right, teacher_forced_logits
@@ -498,8 +498,8 @@ def build_model(spec: FinetuneSpec, tokenizer, key) -> T5Model:
   if spec.model.init_from:
     with jax.default_device(jax.local_devices(backend='cpu')[0]):  # the host, then shard
       return load_t5(spec.model.init_from, dtype=dtype)
-  return T5Model(params=init_params(scratch_config(spec, tokenizer), key, dtype),
-                 config=scratch_config(spec, tokenizer))
+  config = scratch_config(spec, tokenizer)
+  return T5Model(params=init_params(config, key, dtype), config=config)
 
 
 def scratch_config(spec: FinetuneSpec, tokenizer) -> T5Config:
@@ -573,7 +573,9 @@ def make_steps(spec: FinetuneSpec, config: T5Config, optimizer, state_shardings,
                                          o.z_loss)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    metrics = {'loss': loss, 'ce_sum': ce_sum, 'tokens': n, 'grad_norm': optax.global_norm(grads)}
+    grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
+                             for g in jax.tree.leaves(grads)))
+    metrics = {'loss': loss, 'ce_sum': ce_sum, 'tokens': n, 'grad_norm': grad_norm}
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
   def eval_step(params, batch):

@@ -162,6 +162,31 @@ def test_wmt_smoke_from_checkpoint(resumed_run, tmp_path):
   assert full.model.init_from == 'google/t5-v1_1-base' and full.data.task == 'cnndm'
 
 
+def test_draft_smoke_distills_from_a_checkpoint(resumed_run, tmp_path):
+  """bible_draft's path: targets replaced by a teacher's greedy outputs, cached for a resume."""
+  from specjax import finetune
+  teacher = str(resumed_run['workdir'] / 'export')
+  cfg = _smoke('bible_draft', workdir=str(tmp_path / 'd'), steps=10, **{
+      'data.distill_from': teacher, 'data.train_examples': 64, 'data.bleu_examples': 0,
+      'bleu_batch_size': 32})
+  res = finetune.train(cfg)
+  assert res['steps'] == 10 and np.isfinite(res['dev_loss'])
+  log = (tmp_path / 'd' / 'train.log').read_text()
+  assert re.search(r'distillation: \d+/64 targets from the teacher', log), log
+  spec = finetune.finetune_spec(cfg)
+  import specjax
+  tok = specjax.data.bible_tokenizer()
+  messages = []
+  data = finetune.tokenize_split(spec, tok, 'train', 64, teacher, log=messages.append)
+  assert not messages  # read from workdir/cache: no second distillation
+  model = specjax.load_t5(teacher)
+  i = int(np.argmin([len(s) for s in data.sources]))
+  out = specjax.autoregressive_decode(model, data.sources[i][None], max_new_tokens=64)
+  greedy = np.asarray(out.tokens)[0, :int(out.lengths[0])]
+  if greedy[-1] == 1:  # ended within the budget: the teacher's output is the training target
+    np.testing.assert_array_equal(data.targets[i], greedy)
+
+
 @pytest.mark.parametrize('key,value,field', [
     ('optim.learning_rate', -1.0, 'config.optim.learning_rate'),
     ('optim.name', 'sgd', 'config.optim.name'),

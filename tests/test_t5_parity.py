@@ -341,9 +341,6 @@ def test_loader_errors_name_the_file(hf_t5_original, tmp_path):
   msg = _load_error(missing, FileNotFoundError)
   assert msg == f'checkpoint directory not found: {missing}'
 
-  with pytest.raises(ValueError, match='mesh is not supported yet'):
-    load_t5(hf_t5_original, mesh=object())
-
 
 def test_hub_id_offline_fails_fast(monkeypatch):
   monkeypatch.setenv('HF_HUB_OFFLINE', '1')

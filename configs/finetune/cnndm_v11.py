@@ -1,4 +1,4 @@
-"""Fine-tunes T5 v1.1 on CNN/DailyMail summarisation: the paper's CNNDM targets and drafts (Table 2).
+"""Fine-tunes T5 v1.1 on CNN/DailyMail: the paper's CNNDM targets and drafts (Table 2).
 
   python -m specjax.finetune --config=configs/finetune/cnndm_v11.py:small       # draft
   python -m specjax.finetune --config=configs/finetune/cnndm_v11.py:base

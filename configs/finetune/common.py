@@ -1,10 +1,11 @@
 """Defaults of every fine-tuning config, each field documented once, here.
 
-A config file in configs/finetune/ is one training run: `get_config(arg)` returns a ConfigDict, any
-field can be overridden on the command line (`--config.steps=500 --config.optim.learning_rate=3e-4`),
-and `specjax.finetune.finetune_spec` validates it (one-line errors naming the field) before anything
-is loaded. `smoke` (an arg of every config) swaps in a tiny model, the shipped Bible corpus and a few
-steps, so the tests run every config's code path offline in seconds.
+A config file in configs/finetune/ is one training run: `get_config(arg)` returns a ConfigDict,
+any field can be overridden on the command line (`--config.steps=500
+--config.optim.learning_rate=3e-4`), and `specjax.finetune.finetune_spec` validates it (one-line
+errors naming the field) before anything is loaded. `smoke` (an arg of every config) swaps in a
+tiny model, the shipped Bible corpus and a few steps, so the tests run every config's code path
+offline in seconds.
 """
 
 import ml_collections
@@ -25,15 +26,16 @@ def t5_v11(d_model, num_layers, num_decoder_layers, num_heads, d_kv, d_ff, vocab
 def base_config():
   c = ml_collections.ConfigDict()
   c.name = 'finetune'               # shown in logs and the progress bar
-  c.workdir = 'runs/finetune'       # checkpoints/, cache/ (tokenised data), train.log, metrics.jsonl,
-                                    # results.json; re-running the same command resumes from here
-  c.export_dir = ''                 # Hugging Face directory written at the end ('' = workdir/export)
+  c.workdir = 'runs/finetune'       # checkpoints/, cache/ (tokenised data), train.log,
+                                    # metrics.jsonl, results.json; re-running the same command
+                                    # resumes from here
+  c.export_dir = ''                 # HF directory written at the end ('' = workdir/export)
   c.seed = 0                        # params init and the data order
   c.steps = 1000                    # total optimiser steps (a resumed run stops at the same total)
 
   c.model = ml_collections.ConfigDict()
-  c.model.init_from = ''            # HF directory or hub id ('google/t5-v1_1-base'); '' = from scratch
-  c.model.t5 = t5_v11(256, 4, 4, 4, 64, 1024)   # architecture from scratch (ignored with init_from)
+  c.model.init_from = ''            # HF directory or hub id ('google/t5-v1_1-base'); '' = scratch
+  c.model.t5 = t5_v11(256, 4, 4, 4, 64, 1024)  # architecture from scratch (unused with init_from)
   c.model.param_dtype = 'float32'   # params and optimiser state during training
   c.model.export_dtype = 'float32'  # safetensors dtype of the export ('bfloat16' halves the size)
 
@@ -44,7 +46,8 @@ def base_config():
   c.data.source_field = 'en'        # bible_en_es: record field read as the source ...
   c.data.target_field = 'es'        # ... and as the target
   c.data.prefix = ''                # prepended to every source (on top of load_task's prefix)
-  c.data.tokenizer = 'bible'        # 'bible' (shipped SentencePiece), '' = init_from's, or a dir/hub id
+  c.data.tokenizer = 'bible'        # 'bible' (shipped SentencePiece), '' = init_from's, or a
+                                    # directory / hub id
   c.data.source_buckets = (16, 32, 48, 64)   # padded source lengths; the last is the maximum
   c.data.target_buckets = (16, 32, 48, 64)   # padded target lengths, one per source bucket
   c.data.long_examples = 'drop'     # longer than the last bucket: 'drop' or 'truncate' (keeps EOS)

@@ -1,4 +1,4 @@
-"""Fine-tunes T5 v1.1 on WMT EN->DE: the paper's EnDe targets and drafts (Leviathan et al. 2023, Table 2).
+"""Fine-tunes T5 v1.1 on WMT EN->DE: the paper's EnDe targets and drafts (Table 2).
 
   python -m specjax.finetune --config=configs/finetune/wmt_ende_v11.py:small     # draft
   python -m specjax.finetune --config=configs/finetune/wmt_ende_v11.py:base
