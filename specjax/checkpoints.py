@@ -640,6 +640,7 @@ def save_t5(model: T5Model, directory, tokenizer=None) -> Path:
     with open(tmp / CONFIG_NAME, 'w') as f:
       json.dump(model.config.to_hf(), f, indent=2, sort_keys=True)
     save_file(to_hf_state_dict(model), str(tmp / SAFETENSORS_NAME), metadata={'format': 'pt'})
+    os.chmod(tmp / SAFETENSORS_NAME, 0o644)  # safetensors creates it 0600
     if tokenizer is not None:
       tokenizer.save_pretrained(str(tmp))
     if directory.exists():

@@ -628,6 +628,9 @@ class _Log:
     sys.stdout.flush()
     self.file.write(f'{time.strftime("%H:%M:%S")} {msg}\n')
 
+  def close(self):
+    self.file.close()
+
 
 def _bar(total: int, desc: str, enabled: bool, initial: int = 0):
   from tqdm import tqdm
@@ -663,6 +666,7 @@ def train(cfg) -> dict[str, Any]:
     return _train(spec, mngr, log, t_start)
   finally:
     mngr.close()  # waits for a save in flight, also when training failed
+    log.close()
 
 
 def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:

@@ -86,7 +86,7 @@ def write_tables(spec, rows, out=None):
       table.add_column(h, justify='left' if h in ('task', 'draft') else 'right')
     for r in body:
       table.add_row(*r)
-    Console(file=out, width=250).print(table)
+    Console(file=out, width=250, force_jupyter=False).print(table)
   except ImportError:
     print(title, file=out)
     print(markdown(rows), file=out)
