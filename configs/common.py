@@ -49,3 +49,28 @@ def base_config():
   c.plots = True                   # speedup vs gamma, alpha per draft, a trace picture (PNG)
   c.show_examples = 3              # outputs printed at the end
   return c
+
+
+def t5xxl_config(arg, *, draft_size=None, ngram=None, smoke_gamma=5):
+  """T5-XXL target sweeps (paper Tables 2 and 3); `arg` takes 'v11' and 'smoke'.
+
+  Defaults to the original multitask checkpoints (t5-11b with t5-<size>), which run EnDe and CNN/DM
+  without fine-tuning; 'v11' switches to google/t5-v1_1-* (fine-tune them with specjax.finetune for
+  the paper's setting and pass the directories with --config.target / --config.drafts).
+  """
+  a = parse_arg(arg, v11=False, smoke=False)
+  c = base_config()
+  if ngram:
+    c.name, c.drafts, c.gammas = f't5xxl_{ngram}', (ngram,), (1, 2, 3)
+  else:
+    c.name = f't5xxl_{draft_size}'
+    c.drafts = (f'google/t5-v1_1-{draft_size}' if a.v11 else f't5-{draft_size}',)
+  c.target = 'google/t5-v1_1-xxl' if a.v11 else 't5-11b'
+  c.tasks = ('ende', 'cnndm')
+  c.output_dir = f'results/{c.name}'
+  if a.smoke:
+    c.gammas = (smoke_gamma,)
+    c.num_examples = 2
+    c.max_new_tokens = 16
+    c.repeats = 1
+  return c

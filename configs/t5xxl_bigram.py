@@ -10,12 +10,4 @@ from configs import common
 
 
 def get_config(arg=None):
-  a = common.parse_arg(arg, v11=False)
-  c = common.base_config()
-  c.name = 't5xxl_bigram'
-  c.target = 'google/t5-v1_1-xxl' if a.v11 else 't5-11b'
-  c.drafts = ('bigram',)
-  c.tasks = ('ende', 'cnndm')
-  c.gammas = (1, 2, 3)
-  c.output_dir = 'results/t5xxl_bigram'
-  return c
+  return common.t5xxl_config(arg, ngram='bigram')

@@ -16,22 +16,4 @@ from configs import common
 
 
 def get_config(arg=None):
-  a = common.parse_arg(arg, v11=False, smoke=False)
-  c = common.base_config()
-  c.name = 't5xxl_large'
-  c.target = 'google/t5-v1_1-xxl' if a.v11 else 't5-11b'
-  c.drafts = ('google/t5-v1_1-large' if a.v11 else 't5-large',)
-  c.tasks = ('ende', 'cnndm')
-  c.temperatures = (0.0, 1.0)
-  c.gammas = (1, 2, 3, 5, 7, 10)
-  c.num_examples = 100
-  c.max_source_len = 512
-  c.max_new_tokens = 128
-  c.output_dir = 'results/t5xxl_large'
-  c.mesh_shape = ()
-  if a.smoke:
-    c.gammas = (3,)
-    c.num_examples = 2
-    c.max_new_tokens = 16
-    c.repeats = 1
-  return c
+  return common.t5xxl_config(arg, draft_size='large', smoke_gamma=3)

@@ -78,3 +78,13 @@ def test_cli_exits_nonzero_with_one_line_and_no_results(tmp_path):
       [sys.executable, '-m', 'specjax.run', '--config=configs/tiny.py', '--config.gama=3'],
       cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
   assert proc.returncode != 0 and 'gama' in proc.stderr
+
+
+@pytest.mark.parametrize('name', ['t5xxl_small', 't5xxl_base', 't5xxl_large', 't5xxl_unigram',
+                                  't5xxl_bigram'])
+@pytest.mark.parametrize('arg', [None, 'v11', 'smoke'])
+def test_paper_configs_validate_offline(name, arg):
+  import importlib  # pylint: disable=import-outside-toplevel
+  spec = config_lib.run_spec(importlib.import_module(f'configs.{name}').get_config(arg))
+  assert spec.tasks == ('ende', 'cnndm')
+  assert spec.target == ('google/t5-v1_1-xxl' if arg == 'v11' else 't5-11b')
