@@ -4,13 +4,14 @@
   python experiments/bench_batch.py --smoke
 
 Pair: the shipped tiny EN->ES pair (random stand-in of its shapes while it is absent). For each
-batch size B and output length M, the first B test verses (one padded source length for all) are
-decoded as ONE batch by `autoregressive_decode` and by `speculative_decode(gamma)`, greedy, timed
-interleaved (A B A B) after a warm-up (compile time reported apart), median of repeats.
+batch size B and output length M, the same N = max(batches) test verses (one padded source length
+for all) are decoded as N / B batches of B rows by `autoregressive_decode` and by
+`speculative_decode(gamma)`, greedy, timed interleaved (A B A B) after a warm-up (compile time
+reported apart), median of repeats.
 
 tokens/s counts each row's own generated tokens (EOS included, nothing after it). Also reported,
 to show where a batch loses the speedup:
-  loop iters     trips of the while loop (target calls for the batch)
+  loop iters     trips of the while loop per call (target calls for the batch)
   mean row iters mean over rows of the iterations in which the row was still generating
   row util       mean row iters / loop iters: the loop runs until the LAST row finishes and every
                  row pays for every trip (finished rows compute and discard), so a slow row (low
@@ -35,8 +36,8 @@ COLUMNS = [
     ('batch', 'batch', 'd'), ('max_new_tokens', 'new tokens', 'd'),
     ('ar_tok_s', 'AR tok/s', '.0f'), ('spec_tok_s', 'spec tok/s', '.0f'),
     ('speedup', 'speedup', '.2f'), ('alpha', 'alpha', '.3f'),
-    ('loop_iters', 'loop iters', 'd'), ('mean_row_iters', 'mean row iters', '.1f'),
-    ('row_util', 'row util', '.0%'), ('ar_steps', 'AR steps', 'd'),
+    ('loop_iters', 'loop iters / call', '.1f'), ('mean_row_iters', 'mean row iters', '.1f'),
+    ('row_util', 'row util', '.0%'), ('ar_steps', 'AR steps / call', '.1f'),
     ('mean_len', 'mean row len', '.1f'), ('block_cost', 'block cost', '.2f'),
     ('ar_compile_s', 'AR compile s', '.1f'), ('spec_compile_s', 'spec compile s', '.1f'),
 ]
@@ -87,43 +88,50 @@ def main(argv=None) -> dict:
         f'{padded.shape[1]}')
   t0 = time.perf_counter()
   rows = []
+  n = max(batches)
   for m in lengths:
     for b in batches:
-      x = jnp.asarray(padded[:b])
+      # Every configuration decodes the same n verses: n // b calls of a [b, S] batch.
+      xs = [jnp.asarray(padded[i:i + b]) for i in range(0, n - b + 1, b)]
       out = {}
 
-      def ar(x=x, m=m):
-        out['ar'] = decoding.autoregressive_decode(target, x, max_new_tokens=m,
-                                                   temperature=args.temperature,
-                                                   rng=jax.random.PRNGKey(0))
-        return out['ar'].tokens
+      def ar(xs=xs, m=m):
+        out['ar'] = [decoding.autoregressive_decode(target, x, max_new_tokens=m,
+                                                    temperature=args.temperature,
+                                                    rng=jax.random.PRNGKey(0)) for x in xs]
+        return [o.tokens for o in out['ar']]
 
-      def spec(x=x, m=m):
-        out['spec'] = decoding.speculative_decode(target, draft, x, gamma=args.gamma,
-                                                  max_new_tokens=m, temperature=args.temperature,
-                                                  rng=jax.random.PRNGKey(0))
-        return out['spec'].tokens
+      def spec(xs=xs, m=m):
+        out['spec'] = [decoding.speculative_decode(target, draft, x, gamma=args.gamma,
+                                                   max_new_tokens=m, temperature=args.temperature,
+                                                   rng=jax.random.PRNGKey(0)) for x in xs]
+        return [o.tokens for o in out['spec']]
 
       t = bc.interleave({'ar': ar, 'spec': spec}, repeats=args.repeats)
-      a, s = out['ar'], out['spec']
-      st = s.stats
-      n_ar, n_spec = int(np.sum(a.lengths)), int(np.sum(s.lengths))
-      loop_iters = int(st.iterations)
-      row_iters = np.asarray(st.target_calls)
+      a_out, s_out = out['ar'], out['spec']
+      n_ar = sum(int(np.sum(o.lengths)) for o in a_out)
+      n_spec = sum(int(np.sum(o.lengths)) for o in s_out)
+      loop_iters = sum(int(o.stats.iterations) for o in s_out)
+      row_iters = np.concatenate([np.asarray(o.stats.target_calls) for o in s_out])
+      a_sum = sum(float(np.sum(o.stats.alpha_sum)) for o in s_out)
+      a_cnt = sum(int(np.sum(o.stats.alpha_count)) for o in s_out)
       row = {
-          'batch': b, 'max_new_tokens': m,
+          'batch': b, 'max_new_tokens': m, 'calls': len(xs),
           'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
           'ar_tok_s': n_ar / t['ar']['median_s'], 'spec_tok_s': n_spec / t['spec']['median_s'],
-          'alpha': st.alpha, 'loop_iters': loop_iters,
+          'alpha': a_sum / max(a_cnt, 1),
+          'loop_iters': loop_iters / len(xs),  # per call
           'mean_row_iters': float(row_iters.mean()),
-          'row_util': float(row_iters.mean()) / max(loop_iters, 1),
-          'ar_steps': int(a.stats['steps']), 'mean_len': float(np.mean(np.asarray(a.lengths))),
+          'row_util': float(row_iters.mean()) * len(xs) / max(loop_iters, 1),
+          'ar_steps': sum(int(o.stats['steps']) for o in a_out) / len(xs),
+          'mean_len': float(np.mean(np.concatenate([np.asarray(o.lengths) for o in a_out]))),
           'ar_compile_s': t['ar']['first_s'], 'spec_compile_s': t['spec']['first_s'],
-          'identical_greedy': (bool(np.array_equal(np.asarray(a.tokens), np.asarray(s.tokens)))
+          'identical_greedy': (all(np.array_equal(np.asarray(a.tokens), np.asarray(s.tokens))
+                                   for a, s in zip(a_out, s_out))
                                if args.temperature == 0 else None),
       }
       row['speedup'] = row['spec_tok_s'] / row['ar_tok_s']
-      row['block_cost'] = block_cost(target, x, args.gamma, m + args.gamma + 1,
+      row['block_cost'] = block_cost(target, xs[0], args.gamma, m + args.gamma + 1,
                                      steps=4 if args.smoke else 16,
                                      repeats=1 if args.smoke else args.repeats)
       rows.append(row)
