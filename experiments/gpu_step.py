@@ -27,6 +27,10 @@ that would not fit the remaining --budget_s is skipped and says so):
               and one autoregressive iteration vs the 1-token step
   end2end     `speculative_decode` vs `autoregressive_decode` on one prompt (batch 1, greedy):
               per-iteration time of the real while_loop programs, alpha, measured vs predicted
+  end2end_t1  the same at temperature 1 (sampled; same-seed outputs differ, equal in law)
+  identity    greedy speculative vs autoregressive tokens, bf16 and f32 params; the target's logits
+              along the autoregressive path as 1-token steps vs one teacher-forced block (the
+              verification's shape): block-vs-step |d logit| against the top-2 margin
 """
 
 from __future__ import annotations
@@ -66,6 +70,20 @@ LOOP_COLUMNS = [
     ('what', 'per iteration', ''), ('ms', 'ms', '.3f'), ('models_ms', 'forward passes ms', '.3f'),
     ('overhead_ms', 'overhead ms', '.3f'), ('overhead_frac', 'overhead', '.1%'),
 ]
+E2E_COLUMNS = [
+    ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'), ('alpha', 'alpha', '.3f'), ('tokens_per_iter', 'tokens / iter', '.2f'),
+    ('ar_ms_per_token', 'AR ms / token', '.3f'), ('spec_ms_per_iter', 'spec ms / iter', '.3f'),
+    ('c', 'c', '.3f'), ('speedup', 'speedup', '.2f'), ('predicted', 'predicted', '.2f'),
+    ('measured_over_predicted', 'measured / predicted', '.2f'), ('identical', 'same tokens', ''),
+]
+IDENTITY_COLUMNS = [
+    ('dtype', 'params', ''), ('identical', 'same tokens', ''),
+    ('first_divergence', 'first diff at', ''), ('ar_equals_step_argmax', 'AR = step argmax', 'd'),
+    ('block_argmax_flips', 'argmax flips block vs step', 'd'),
+    ('delta_median', 'abs dlogit median', '.3g'), ('delta_max', 'abs dlogit max', '.3g'),
+    ('margin_median', 'top-2 margin median', '.3g'), ('margin_min', 'margin min', '.3g'),
+    ('margin_below_delta', 'positions margin < abs dlogit', 'd'),
+]
 
 
 def parse_args(argv=None):
@@ -74,6 +92,10 @@ def parse_args(argv=None):
   p.add_argument('--dtype', default='bfloat16', choices=('bfloat16', 'float32'))
   p.add_argument('--ks', default='1,2,4,6,8', help='tokens per row of the timed decoder steps')
   p.add_argument('--gamma', type=int, default=5, help='gamma of the loop / end2end stages')
+  p.add_argument('--gammas', default='', help='end2end stages: comma-separated gammas '
+                 '(default: --gamma)')
+  p.add_argument('--precision', default='', choices=('', 'default', 'high', 'highest'),
+                 help="jax_default_matmul_precision (on GPUs 'default' runs float32 matmuls as TF32)")
   p.add_argument('--draft_layers', type=int, default=2)
   p.add_argument('--damp', type=float, default=0.1)
   p.add_argument('--src_len', type=int, default=128)
@@ -82,7 +104,8 @@ def parse_args(argv=None):
   p.add_argument('--repeats', type=int, default=7)
   p.add_argument('--bw_gib', type=float, default=2.0, help='bandwidth buffer (GiB)')
   p.add_argument('--budget_s', type=float, default=540.0, help='skip stages past this wall time')
-  p.add_argument('--stages', default='bandwidth,steps,floor,loop,end2end')
+  p.add_argument('--stages',
+                 default='bandwidth,steps,floor,loop,end2end,end2end_t1,identity')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
   p.add_argument('--dry_run', action='store_true',
@@ -156,11 +179,21 @@ def make_pair(shape: str, dtype, draft_layers: int, damp: float):
         for name in list(layer):
           if name in ('o', 'self_o', 'cross_o', 'wo'):
             layer[name] = scale(layer[name])
+  target = T5Model(params=params, config=config)
+  return target, draft_view(target, draft_layers)
+
+
+def draft_view(target, draft_layers: int):
+  """The draft T5Model over the target's own arrays: embedding, head, first `draft_layers` blocks."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
+  from specjax.t5 import T5Model  # pylint: disable=import-outside-toplevel
+  params = target.params
   dparams = dict(params)
   dparams['encoder'] = dict(params['encoder'], layers=params['encoder']['layers'][:draft_layers])
   dparams['decoder'] = dict(params['decoder'], layers=params['decoder']['layers'][:draft_layers])
-  dconfig = dataclasses.replace(config, num_layers=draft_layers, num_decoder_layers=draft_layers)
-  return T5Model(params=params, config=config), T5Model(params=dparams, config=dconfig)
+  dconfig = dataclasses.replace(target.config, num_layers=draft_layers,
+                                num_decoder_layers=draft_layers)
+  return T5Model(params=dparams, config=dconfig)
 
 
 def synthetic_cache(model, batch: int, src_len: int, cache_len: int, seed: int = 1):
@@ -308,20 +341,29 @@ def stage_loop(args, res, target, draft, ids):
         f"(overhead {r['overhead_frac']:.1%})", flush=True)
 
 
-def stage_end2end(args, res, target, draft, ids):
+def stage_end2end(args, res, target, draft, ids, temperature: float = 0.0):
+  for g in _gammas(args):
+    _end2end_one(args, res, target, draft, ids, temperature, g)
+
+
+def _gammas(args):
+  return [int(g) for g in args.gammas.split(',')] if args.gammas else [args.gamma]
+
+
+def _end2end_one(args, res, target, draft, ids, temperature, g):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax import decoding, metrics  # pylint: disable=import-outside-toplevel
-  g, m = args.gamma, args.max_new_tokens
+  m = args.max_new_tokens
   out = {}
+  kw = dict(max_new_tokens=m, eos_id=-1, temperature=temperature, rng=jax.random.PRNGKey(7))
 
   def spec():
-    out['spec'] = decoding.speculative_decode(target, draft, ids, gamma=g, max_new_tokens=m,
-                                              eos_id=-1)
+    out['spec'] = decoding.speculative_decode(target, draft, ids, gamma=g, **kw)
     return out['spec'].tokens
 
   def ar():
-    out['ar'] = decoding.autoregressive_decode(target, ids, max_new_tokens=m, eos_id=-1)
+    out['ar'] = decoding.autoregressive_decode(target, ids, **kw)
     return out['ar'].tokens
 
   t = bc.interleave({'ar': ar, 'spec': spec}, repeats=max(3, args.repeats // 2))
@@ -332,21 +374,114 @@ def stage_end2end(args, res, target, draft, ids):
   for r in res.get('steps', []):
     if r['model'] == 'draft':
       c = r['c']
+  speedup = t['ar']['median_s'] / t['spec']['median_s']
+  predicted = metrics.walltime_improvement(alpha, g, c) if c else None
   rec = {
-      'gamma': g, 'max_new_tokens': m, 'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
+      'temperature': temperature, 'gamma': g, 'max_new_tokens': m,
+      'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
       'ar_first_s': t['ar']['first_s'], 'spec_first_s': t['spec']['first_s'],
-      'speedup': t['ar']['median_s'] / t['spec']['median_s'], 'alpha': alpha,
+      'speedup': speedup, 'alpha': alpha,
       'iterations': iters, 'tokens_per_iter': s.tokens_per_target_call,
       'ar_ms_per_token': 1e3 * t['ar']['median_s'] / m,
       'spec_ms_per_iter': 1e3 * t['spec']['median_s'] / max(iters, 1),
-      'identical': bool(np.array_equal(np.asarray(out['ar'].tokens), np.asarray(out['spec'].tokens))),
-      'c': c, 'predicted': metrics.walltime_improvement(alpha, g, c) if c else None,
+      # Greedy output must be token-identical; sampled output only equal in law (not compared).
+      'identical': (bool(np.array_equal(np.asarray(out['ar'].tokens),
+                                        np.asarray(out['spec'].tokens)))
+                    if temperature == 0 else None),
+      'c': c, 'predicted': predicted,
+      'measured_over_predicted': speedup / predicted if predicted else None,
   }
-  res['end2end'] = rec
-  print(f"end2end: speculative {rec['speedup']:.2f}x autoregressive (alpha {alpha:.3f}, "
-        f"{rec['tokens_per_iter']:.2f} tokens/iter, predicted {rec['predicted'] or float('nan'):.2f}x), "
-        f"identical tokens: {rec['identical']}", flush=True)
+  res.setdefault('end2end_rows', []).append(rec)
+  if g == args.gamma:
+    res['end2end' if temperature == 0 else f'end2end_t{temperature:g}'] = rec
+  bc.write_json(args.out, res)
+  print(f"end2end T={temperature:g} gamma={g}: speculative {rec['speedup']:.2f}x autoregressive "
+        f"(alpha {alpha:.3f}, {rec['tokens_per_iter']:.2f} tokens/iter, predicted "
+        f"{predicted or float('nan'):.2f}x), identical tokens: {rec['identical']}", flush=True)
+
+
+def stage_end2end_t1(args, res, target, draft, ids):
+  stage_end2end(args, res, target, draft, ids, temperature=1.0)
+
+
+def _identity_one(args, target, draft, ids, label):
+  """Greedy speculative vs greedy autoregressive tokens, and why they may differ: the target's
+  logits along the autoregressive path computed one token per step (as autoregressive decoding
+  does) and as one teacher-forced block (as verification does); where the top-2 margin is below
+  the block-vs-step difference, the argmax depends on the matmul shape, not on the algorithm."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  g, m = args.gamma, args.max_new_tokens
+  ar = np.asarray(decoding.autoregressive_decode(target, ids, max_new_tokens=m, eos_id=-1).tokens)
+  sp = np.asarray(decoding.speculative_decode(target, draft, ids, gamma=g, max_new_tokens=m,
+                                              eos_id=-1).tokens)
+  diff = np.nonzero(ar[0] != sp[0])[0]
+  first = int(diff[0]) if diff.size else None
+  start = target.config.decoder_start_token_id
+  dec_in = jnp.concatenate([jnp.full((1, 1), start, jnp.int32), jnp.asarray(ar[:, :-1])], axis=1)
+  step_logits, block_logits = _path_logits(target, ids, dec_in)
+  step_logits = np.asarray(step_logits[0], np.float64)
+  block_logits = np.asarray(block_logits[0], np.float64)
+  top2 = np.sort(step_logits, axis=-1)[:, -2:]
+  margin = top2[:, 1] - top2[:, 0]
+  delta = np.max(np.abs(step_logits - block_logits), axis=-1)
+  step_arg, block_arg = step_logits.argmax(-1), block_logits.argmax(-1)
+  rec = {
+      'dtype': label, 'gamma': g, 'tokens': m,
+      'identical': first is None, 'first_divergence': first, 'n_differ': int(diff.size),
+      'ar_equals_step_argmax': int(np.sum(ar[0] == step_arg)),
+      'block_argmax_flips': int(np.sum(step_arg != block_arg)),
+      'logit_std': float(np.std(step_logits)),
+      'margin_median': float(np.median(margin)), 'margin_min': float(margin.min()),
+      'delta_median': float(np.median(delta)), 'delta_max': float(delta.max()),
+      'margin_below_delta': int(np.sum(margin < delta)),
+      'margin_at_divergence': float(margin[first]) if first is not None else None,
+      'delta_at_divergence': float(delta[first]) if first is not None else None,
+  }
+  print(f"identity {label}: greedy speculative == autoregressive: {rec['identical']} "
+        f"(first divergence {first}); block-vs-step argmax flips {rec['block_argmax_flips']}/{m}, "
+        f"|block - step logits| median {rec['delta_median']:.3g} max {rec['delta_max']:.3g}, "
+        f"top-2 margin median {rec['margin_median']:.3g} min {rec['margin_min']:.3g}", flush=True)
   del jax
+  return rec
+
+
+@functools.lru_cache(maxsize=None)
+def _path_logits_fn():
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  @jax.jit
+  def fn(model, ids, dec_in):
+    b, t = dec_in.shape
+    cache = model.init_cache(ids, t + 1)
+
+    def body(cache, x):
+      tok_B, pos = x
+      logits, cache = model.decode(cache, tok_B[:, None], jnp.full((b,), pos, jnp.int32))
+      return cache, logits[:, 0]
+    _, steps = jax.lax.scan(body, cache, (dec_in.T, jnp.arange(t, dtype=jnp.int32)))
+    block, _ = model.decode(cache, dec_in, jnp.zeros((b,), jnp.int32))
+    return jnp.swapaxes(steps, 0, 1), block
+  return fn
+
+
+def _path_logits(model, ids, dec_in):
+  return _path_logits_fn()(model, ids, dec_in)
+
+
+def stage_identity(args, res, target, draft, ids):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  rows = res.setdefault('identity', [])
+  label = args.dtype + (f' ({args.precision})' if args.precision else '')
+  rows.append(_identity_one(args, target, draft, ids, label))
+  bc.write_json(args.out, res)
+  if args.dtype == 'bfloat16' and elapsed() < args.budget_s - 60:
+    t32 = target.astype(jnp.float32)
+    rows.append(_identity_one(args, t32, draft_view(t32, args.draft_layers), ids, 'float32'))
+    del t32
 
 
 def dry_run(args) -> dict:
@@ -427,6 +562,8 @@ def main(argv=None) -> dict:
     return res
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  if args.precision:
+    jax.config.update('jax_default_matmul_precision', args.precision)
   info = bc.machine_info()
   info['devices'] = [str(d) for d in jax.devices()]
   print(f'machine: {bc.describe_machine(info)}; devices {info["devices"]}')
@@ -466,8 +603,11 @@ def main(argv=None) -> dict:
                            jnp.int32)
   run('steps', stage_steps, target, draft)
   run('floor', stage_floor, target)
+  run('identity', stage_identity, target, draft, ids, min_left_s=60 if args.shape == 'xxl' else 0)
   run('loop', stage_loop, target, draft, ids, min_left_s=60 if args.shape == 'xxl' else 0)
   run('end2end', stage_end2end, target, draft, ids, min_left_s=90 if args.shape == 'xxl' else 0)
+  run('end2end_t1', stage_end2end_t1, target, draft, ids,
+      min_left_s=90 if args.shape == 'xxl' else 0)
 
   print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
         f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
@@ -480,12 +620,15 @@ def main(argv=None) -> dict:
   if res.get('loop'):
     print('\nSpeculative loop overhead (compiled loop, per iteration)')
     print(bc.markdown_table(res['loop']['rows'], LOOP_COLUMNS))
-  if res.get('end2end'):
-    e = res['end2end']
-    print(f"\nEnd to end (batch 1, {e['max_new_tokens']} tokens, gamma {e['gamma']}): "
-          f"AR {e['ar_ms_per_token']:.3f} ms/token, speculative {e['spec_ms_per_iter']:.3f} "
-          f"ms/iteration, {e['tokens_per_iter']:.2f} tokens/iteration, speedup {e['speedup']:.2f}x "
-          f"(predicted {e['predicted'] or float('nan'):.2f}x), alpha {e['alpha']:.3f}")
+  if res.get('end2end_rows'):
+    e = res['end2end_rows'][0]
+    print(f"\nEnd to end (batch 1, one prompt of {args.src_len} tokens, {e['max_new_tokens']} "
+          f"new tokens; predicted = Theorem 3.8 with this alpha and c)")
+    print(bc.markdown_table(res['end2end_rows'], E2E_COLUMNS))
+  if res.get('identity'):
+    print('\nGreedy identity (speculative vs autoregressive tokens) and the target\'s logits along '
+          'the autoregressive path: 1-token steps vs one teacher-forced block')
+    print(bc.markdown_table(res['identity'], IDENTITY_COLUMNS))
   if res['skipped'] or res['errors']:
     print(f"skipped: {res['skipped']}; errors: {res['errors']}")
   res['wall_s'] = elapsed()

@@ -14,6 +14,7 @@ from typing import Any
 NGRAM_DRAFTS = ('unigram', 'bigram', 'prompt_lookup')
 TASKS = ('ende', 'cnndm', 'bible_en_es')
 DTYPES = ('float32', 'bfloat16')
+MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')
 
 
 class ConfigError(ValueError):
@@ -40,6 +41,7 @@ class RunSpec:
   batch_size: int
   repeats: int
   dtype: str
+  matmul_precision: str
   seed: int
   output_dir: str
   local_data: str
@@ -116,6 +118,7 @@ def run_spec(cfg: Any) -> RunSpec:
       batch_size=int(data['batch_size']),
       repeats=int(data['repeats']),
       dtype=str(data['dtype']),
+      matmul_precision=str(data['matmul_precision'] or ''),
       seed=int(data['seed']),
       output_dir=str(data['output_dir']),
       local_data=str(data['local_data'] or ''),
@@ -159,6 +162,9 @@ def _validate(spec: RunSpec):
     raise ConfigError(f'config.ngram_examples: must be positive, got {spec.ngram_examples}')
   if spec.dtype not in DTYPES:
     raise ConfigError(f'config.dtype: must be one of {DTYPES}, got {spec.dtype!r}')
+  if spec.matmul_precision not in MATMUL_PRECISIONS:
+    raise ConfigError(f'config.matmul_precision: must be one of {MATMUL_PRECISIONS}, '
+                      f'got {spec.matmul_precision!r}')
   if not spec.output_dir:
     raise ConfigError('config.output_dir: empty')
   if any(d < 1 and d != -1 for d in spec.mesh_shape) or len(spec.mesh_shape) not in (0, 2):

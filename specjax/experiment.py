@@ -73,7 +73,10 @@ def cell_key(record: dict[str, Any]) -> tuple:
 
 
 def setup_jax(spec: RunSpec):
-  """Persistent compilation cache: a second run of the same sweep skips XLA compilation."""
+  """Persistent compilation cache (a second run of the same sweep skips XLA compilation) and the
+  matmul precision (on accelerators the default runs float32 matmuls in TF32 / bf16 passes)."""
+  if spec.matmul_precision:
+    jax.config.update('jax_default_matmul_precision', spec.matmul_precision)
   if spec.compilation_cache:
     path = os.path.expanduser(spec.compilation_cache)
     os.makedirs(path, exist_ok=True)

@@ -24,6 +24,7 @@ from configs import tiny  # pylint: disable=wrong-import-position
     ('batch_size', 0, 'config.batch_size'),
     ('tasks', ('xsum',), 'config.tasks'),
     ('dtype', 'float16', 'config.dtype'),
+    ('matmul_precision', 'fp64', 'config.matmul_precision'),
     ('mesh_shape', (2, 0), 'config.mesh_shape'),
     ('local_data', '/nonexistent/file.jsonl', 'config.local_data'),
 ])
@@ -33,6 +34,19 @@ def test_bad_values_name_the_field(field, value, needle):
   with pytest.raises(config_lib.ConfigError, match=needle.replace('.', r'\.')) as e:
     config_lib.run_spec(c)
   assert '\n' not in str(e.value)
+
+
+def test_matmul_precision_is_applied_by_setup_jax():
+  import jax  # pylint: disable=import-outside-toplevel
+  from specjax import experiment  # pylint: disable=import-outside-toplevel
+  c = tiny.get_config()
+  c.matmul_precision, c.compilation_cache = 'highest', ''
+  before = jax.config.jax_default_matmul_precision
+  try:
+    experiment.setup_jax(config_lib.run_spec(c))
+    assert jax.config.jax_default_matmul_precision == 'highest'
+  finally:
+    jax.config.update('jax_default_matmul_precision', before)
 
 
 def test_missing_checkpoint_and_unknown_key(tmp_path):
