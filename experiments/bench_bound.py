@@ -221,8 +221,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
   }
   t = bc.interleave(fns, repeats=args.cost_repeats)
   ms = {name: 1e3 * r['median_s'] / (1 if name.endswith('init') else k) for name, r in t.items()}
-  # The sweep runner's c (specjax.experiment.measure_c): one jitted step per Python call, so its
-  # dispatch cost is included -- larger than the in-loop c for models this small.
+  # The sweep runner's c (specjax.experiment.measure_c, its own compiled loop): a cross-check.
   from specjax import experiment  # pylint: disable=import-outside-toplevel
   c_runner = experiment.measure_c(target, draft, input_ids, cache_len,
                                   repeats=max(3, args.cost_repeats))

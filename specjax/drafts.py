@@ -58,6 +58,10 @@ class ModelDraft:
   def calls_per_proposal(self, gamma: int) -> int:
     return gamma
 
+  def step_noise(self, gumbel_BxGxV, i):
+    """Step i's own Gumbel noise. (A method so that a test can inject the reused-noise fault.)"""
+    return jax.lax.dynamic_index_in_dim(gumbel_BxGxV, i, axis=1, keepdims=False)
+
   def propose(self, cache: DecoderCache, seq_BxN, lengths_B, keys_B, gamma: int,
               sampling: sampling_lib.Sampling):
     b = seq_BxN.shape[0]
@@ -66,14 +70,15 @@ class ModelDraft:
     block_Bx2 = jnp.stack([_take_rows(seq_BxN, start_B), _take_rows(seq_BxN, start_B + 1)], 1)
     logits_Bx2xV, cache = self.model.decode(cache, block_Bx2, start_B)
     logits_BxV = jnp.where((lengths_B >= 1)[:, None], logits_Bx2xV[:, 1], logits_Bx2xV[:, 0])
-    step_keys_BxG = jax.vmap(lambda k: jax.random.split(k, gamma))(keys_B)
+    if not sampling.greedy:  # all gamma steps' noise in one RNG call per row
+      gumbel_BxGxV = jax.vmap(lambda k: jax.random.gumbel(k, (gamma, vocab), jnp.float32))(keys_B)
 
     def sample_step(i, logits_BxV):
       q_BxV = sampling_lib.probs(logits_BxV, sampling)
       if sampling.greedy:
         tok_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
       else:
-        tok_B = jax.vmap(sampling_lib.sample)(step_keys_BxG[:, i], q_BxV)
+        tok_B = sampling_lib.sample_gumbel(self.step_noise(gumbel_BxGxV, i), q_BxV)
       return tok_B, q_BxV, jnp.isnan(logits_BxV).any()
 
     def cond_fn(carry):

@@ -24,7 +24,10 @@ import pytest
 import scipy.stats
 
 from specjax import acceptance
+from flax import struct
+
 from specjax.decoding import speculative_decode
+from specjax.drafts import ModelDraft
 from specjax.sampling import Sampling, probs, sample
 from specjax.t5 import T5Config, T5Model, init_params
 
@@ -90,9 +93,11 @@ def chi2_pvalue(counts, law):
 
 
 @functools.lru_cache(maxsize=None)
-def generate(sampling, verify_fn=None):
+def generate(sampling, verify_fn=None, draft_cls=None):
   """One batched call: N rows x M tokens -> (counts over V^3 cells, stats)."""
   target, draft = models()
+  if draft_cls is not None:
+    draft = draft_cls(model=draft)
   out = speculative_decode(
       target, draft, np.repeat(PROMPT, N, axis=0), gamma=GAMMA, max_new_tokens=M,
       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
@@ -103,8 +108,8 @@ def generate(sampling, verify_fn=None):
   return np.bincount(codes, minlength=V ** 3), jax.device_get(out.stats)
 
 
-def law_pvalue(name, sampling, verify_fn=None):
-  counts, stats = generate(sampling, verify_fn)
+def law_pvalue(name, sampling, verify_fn=None, draft_cls=None):
+  counts, stats = generate(sampling, verify_fn, draft_cls)
   p = chi2_pvalue(counts, exact_law(sampling))
   print(f'{name}: chi-square p = {p:.3g}')  # shown with pytest -rP
   return p, stats
@@ -170,3 +175,18 @@ def test_negative_controls_are_detected(name):
   # Power check: the same chi-square on the same setup must reject each known-wrong sampler.
   p, _ = law_pvalue(f'control:{name}', SETTINGS['temp1'], CONTROLS[name])
   assert p < 1e-6, (name, p)
+
+
+@struct.dataclass
+class ReusedNoiseDraft(ModelDraft):
+  """(d) The draft samples every step with step 0's Gumbel noise: each draft token alone is still
+  a draw from its q, but the block's tokens are dependent, so q is not the law they were drawn
+  from given the earlier drafts."""
+
+  def step_noise(self, gumbel_BxGxV, i):
+    return gumbel_BxGxV[:, 0]
+
+
+def test_reused_draft_noise_is_detected():
+  p, _ = law_pvalue('control:reused_draft_noise', SETTINGS['temp1'], draft_cls=ReusedNoiseDraft)
+  assert p < 1e-6, p
