@@ -325,7 +325,7 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   if len(todo) < len(cells):
     print(f'resuming: {len(cells) - len(todo)} of {len(cells)} cells already in {results.path}',
           file=out)
-  examples = []
+  shown = None  # (temperature, gamma, draft, examples) of the cell whose outputs are printed
   if todo:
     mesh = make_mesh(spec)
     target = checkpoints.load_t5(spec.target, dtype=_dtype(spec), mesh=mesh)
@@ -353,7 +353,9 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
                                    f'gamma={gamma}')
           record = run_cell(spec, task, draft_name, target, draft, tokenizer, prompts,
                             temperature, gamma, c)
-          examples = record.pop('_examples')
+          cell_examples = record.pop('_examples')
+          if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
+            shown = (temperature, gamma, spec.draft_label(draft_name), cell_examples)
           trace = record.pop('_trace')
           if spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas):
             report.trace_picture(spec, task, spec.draft_label(draft_name), tokenizer, *trace,
@@ -365,7 +367,9 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   report.write_tables(spec, rows, out=out)
   if spec.plots:
     report.plots(spec, rows)
-  for ex in examples:
+  if shown and shown[3]:
+    print(f'\nexamples (draft {shown[2]}, T={shown[0]:g}, gamma={shown[1]})', file=out)
+  for ex in (shown[3] if shown else []):
     print(f"\nsource:      {ex['source']}\nreference:   {ex['reference']}\n"
           f"baseline:    {ex['baseline']}\nspeculative: {ex['speculative']}", file=out)
   return rows
