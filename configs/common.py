@@ -8,14 +8,17 @@ overridden on the command line (`--config.gammas=3,5 --config.num_examples=20`),
 import ml_collections
 
 
-def parse_arg(arg, **defaults):
-  """Parses a config argument 'smoke' or 'key=value,flag' into a ConfigDict of named options."""
+def parse_arg(arg, positional: str = '', **defaults):
+  """Parses a config argument 'smoke' or 'key=value,flag' into a ConfigDict of named options; with
+  `positional`, a bare word that is no option's name is that option's value ('xxl' = 'size=xxl')."""
   out = ml_collections.ConfigDict(defaults)
   for part in (arg or '').split(','):
     part = part.strip()
     if not part:
       continue
     key, _, value = part.partition('=')
+    if positional and '=' not in part and key not in out:
+      key, value = positional, part
     if key not in out:
       raise ValueError(f'config argument {key!r} unknown (known: {", ".join(out.keys())})')
     kind = type(out[key])

@@ -145,13 +145,7 @@ def _jitted():
   from specjax import decoding  # pylint: disable=import-outside-toplevel
   from specjax import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
 
-  @functools.partial(jax.jit, static_argnames=('steps',))
-  def step(model, cache, toks, lengths, *, steps):
-    def body(_, carry):
-      cache, toks = carry
-      logits, cache = model.decode(cache, toks, lengths)
-      return cache, jnp.argmax(logits, axis=-1).astype(jnp.int32)
-    return jax.lax.fori_loop(0, steps, body, (cache, toks))[1]
+  from specjax.experiment import step_loop as step  # pylint: disable=import-outside-toplevel
 
   @functools.partial(jax.jit, static_argnames=('steps', 'sampling', 'max_new_tokens'))
   def ar(model, cache, lengths, rng, *, steps, sampling, max_new_tokens):

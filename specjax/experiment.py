@@ -174,13 +174,14 @@ def _ngram_texts(spec: RunSpec, task: str) -> list[str]:
 
 
 @functools.partial(jax.jit, static_argnames=('steps',))
-def _step_loop(model, cache, tok_Bx1, lengths_B, *, steps):
-  """`steps` decoder steps in one program, cache carried and argmax fed back (nothing dead)."""
+def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
+  """`steps` decoder steps of K tokens per row at fixed offsets in one program, the cache carried
+  and the argmax fed back (nothing is dead code). Used to time steps as the decode loops run them."""
   def body_fn(_, carry):
-    cache, tok_Bx1 = carry
-    logits_Bx1xV, cache = model.decode(cache, tok_Bx1, lengths_B)
-    return cache, jnp.argmax(logits_Bx1xV, axis=-1).astype(jnp.int32)
-  return jax.lax.fori_loop(0, steps, body_fn, (cache, tok_Bx1))[1]
+    cache, tokens_BxK = carry
+    logits_BxKxV, cache = model.decode(cache, tokens_BxK, lengths_B)
+    return cache, jnp.argmax(logits_BxKxV, axis=-1).astype(jnp.int32)
+  return jax.lax.fori_loop(0, steps, body_fn, (cache, tokens_BxK))[1]
 
 
 def measure_c(target, draft, batch: np.ndarray, cache_len: int, repeats: int = 15,
@@ -197,7 +198,7 @@ def measure_c(target, draft, batch: np.ndarray, cache_len: int, repeats: int = 1
 
   def stepper(model):
     cache = jax.jit(model.init_cache, static_argnums=1)(ids, cache_len)
-    return lambda: _step_loop(model, cache, tok, lengths, steps=steps)
+    return lambda: step_loop(model, cache, tok, lengths, steps=steps)
 
   timings = metrics.time_interleaved({'target': stepper(target), 'draft': stepper(draft)},
                                      repeats=repeats)

@@ -1,7 +1,9 @@
 """The README stays true: its test command is what CI runs, its model table is what the code computes."""
 
+import importlib
 import pathlib
 import re
+import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,3 +43,17 @@ def test_presets_match_public_parameter_counts():
   for name, millions in published.items():
     got = param_count(presets.preset(name)) / 1e6
     assert abs(got - millions) / millions < 0.02, (name, got, millions)
+
+
+def test_documented_config_arguments_parse():
+  # Every `--config=configs/X.py:ARG` written in a config docstring, the README or docs/ must be
+  # an argument that file's get_config accepts (a bare size like ':xxl' once was not).
+  files = [*(ROOT / 'configs').rglob('*.py'), ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]
+  seen = set()
+  for path in files:
+    seen.update(re.findall(r'--config=(configs/[\w/]+)\.py:([\w=,]+)', path.read_text()))
+  assert len(seen) >= 10, seen
+  sys.path.insert(0, str(ROOT))
+  for module, arg in sorted(seen):
+    config = importlib.import_module(module.replace('/', '.')).get_config(arg)
+    assert config.name, (module, arg)
