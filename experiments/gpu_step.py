@@ -71,8 +71,9 @@ LOOP_COLUMNS = [
     ('overhead_ms', 'overhead ms', '.3f'), ('overhead_frac', 'overhead', '.1%'),
 ]
 E2E_COLUMNS = [
-    ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'), ('alpha', 'alpha', '.3f'), ('tokens_per_iter', 'tokens / iter', '.2f'),
-    ('ar_ms_per_token', 'AR ms / token', '.3f'), ('spec_ms_per_iter', 'spec ms / iter', '.3f'),
+    ('batch', 'B', 'd'), ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'), ('alpha', 'alpha', '.3f'), ('tokens_per_iter', 'tokens / iter', '.2f'),
+    ('ar_ms_per_token', 'AR ms / step', '.3f'), ('spec_ms_per_iter', 'spec ms / iter', '.3f'),
+    ('ar_tokens_per_s', 'AR tok/s', '.0f'), ('spec_tokens_per_s', 'spec tok/s', '.0f'),
     ('c', 'c', '.3f'), ('speedup', 'speedup', '.2f'), ('predicted', 'predicted', '.2f'),
     ('measured_over_predicted', 'measured / predicted', '.2f'), ('identical', 'same tokens', ''),
 ]
@@ -96,6 +97,7 @@ def parse_args(argv=None):
                  '(default: --gamma)')
   p.add_argument('--precision', default='', choices=('', 'default', 'high', 'highest'),
                  help="jax_default_matmul_precision (on GPUs 'default' runs float32 matmuls as TF32)")
+  p.add_argument('--batches', default='1', help='end2end stages: comma-separated batch sizes')
   p.add_argument('--draft_layers', type=int, default=2)
   p.add_argument('--damp', type=float, default=0.1)
   p.add_argument('--src_len', type=int, default=128)
@@ -342,8 +344,17 @@ def stage_loop(args, res, target, draft, ids):
 
 
 def stage_end2end(args, res, target, draft, ids, temperature: float = 0.0):
-  for g in _gammas(args):
-    _end2end_one(args, res, target, draft, ids, temperature, g)
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  for b in [int(x) for x in args.batches.split(',')]:
+    if elapsed() > args.budget_s - 30:
+      res.setdefault('skipped', []).append(f'end2end T={temperature:g} B={b}')
+      continue
+    # Batch 1 keeps the one prompt of the other stages; larger batches get b random prompts.
+    ids_b = ids if b == 1 else jax.random.randint(
+        jax.random.PRNGKey(100 + b), (b, ids.shape[1]), 2, target.config.vocab_size, jnp.int32)
+    for g in _gammas(args):
+      _end2end_one(args, res, target, draft, ids_b, temperature, g)
 
 
 def _gammas(args):
@@ -376,8 +387,10 @@ def _end2end_one(args, res, target, draft, ids, temperature, g):
       c = r['c']
   speedup = t['ar']['median_s'] / t['spec']['median_s']
   predicted = metrics.walltime_improvement(alpha, g, c) if c else None
+  b = ids.shape[0]
   rec = {
-      'temperature': temperature, 'gamma': g, 'max_new_tokens': m,
+      'batch': b, 'temperature': temperature, 'gamma': g, 'max_new_tokens': m,
+      'ar_tokens_per_s': b * m / t['ar']['median_s'], 'spec_tokens_per_s': b * m / t['spec']['median_s'],
       'ar_s': t['ar']['median_s'], 'spec_s': t['spec']['median_s'],
       'ar_first_s': t['ar']['first_s'], 'spec_first_s': t['spec']['first_s'],
       'speedup': speedup, 'alpha': alpha,
@@ -392,10 +405,10 @@ def _end2end_one(args, res, target, draft, ids, temperature, g):
       'measured_over_predicted': speedup / predicted if predicted else None,
   }
   res.setdefault('end2end_rows', []).append(rec)
-  if g == args.gamma:
+  if g == args.gamma and b == 1:
     res['end2end' if temperature == 0 else f'end2end_t{temperature:g}'] = rec
   bc.write_json(args.out, res)
-  print(f"end2end T={temperature:g} gamma={g}: speculative {rec['speedup']:.2f}x autoregressive "
+  print(f"end2end B={b} T={temperature:g} gamma={g}: speculative {rec['speedup']:.2f}x autoregressive "
         f"(alpha {alpha:.3f}, {rec['tokens_per_iter']:.2f} tokens/iter, predicted "
         f"{predicted or float('nan'):.2f}x), identical tokens: {rec['identical']}", flush=True)
 
@@ -622,8 +635,8 @@ def main(argv=None) -> dict:
     print(bc.markdown_table(res['loop']['rows'], LOOP_COLUMNS))
   if res.get('end2end_rows'):
     e = res['end2end_rows'][0]
-    print(f"\nEnd to end (batch 1, one prompt of {args.src_len} tokens, {e['max_new_tokens']} "
-          f"new tokens; predicted = Theorem 3.8 with this alpha and c)")
+    print(f"\nEnd to end (random prompts of {args.src_len} tokens, {e['max_new_tokens']} "
+          f"new tokens per row; predicted = Theorem 3.8 with this alpha and c, a batch-1 formula)")
     print(bc.markdown_table(res['end2end_rows'], E2E_COLUMNS))
   if res.get('identity'):
     print('\nGreedy identity (speculative vs autoregressive tokens) and the target\'s logits along '
