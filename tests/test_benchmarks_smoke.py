@@ -1,4 +1,4 @@
-"""The benchmark scripts (experiments/bench_*.py, experiments/gpu_step.py) run end to end.
+"""The benchmark scripts (experiments/bench_*.py, gpu_step.py, profile_step.py) run end to end.
 
 Each script's `--smoke` mode (random tiny models, a couple of prompts, one repeat) runs in this
 process, so programs compiled by one script are reused by the next. No timing is asserted: only
@@ -80,8 +80,27 @@ def test_bench_compile(tmp_path, capsys):
 
 
 def test_gpu_step_cpu_smoke(tmp_path, capsys):
-  _, saved, printed = _run('gpu_step', tmp_path, capsys, '--stages=bandwidth,steps,floor,loop')
+  _, saved, printed = _run('gpu_step', tmp_path, capsys, '--batches=1,2',
+                           '--stages=bandwidth,steps,floor,loop,identity,end2end,end2end_t1')
   assert not saved['errors'], saved['errors']
   assert {r['tokens'] for r in saved['steps'] if r['model'] == 'target'} == {1, 4}
   assert saved['floor'] and saved['loop']['rows']
   assert 'Bandwidth floor' in printed
+  # The identity stage on the CPU: greedy speculative == autoregressive, block == step argmax.
+  for row in saved['identity']:
+    assert row['identical'] and row['block_argmax_flips'] == 0, row
+  e2e = saved['end2end_rows']
+  assert [(r['batch'], r['temperature']) for r in e2e] == [(1, 0.0), (2, 0.0), (1, 1.0), (2, 1.0)]
+  assert all(r['identical'] for r in e2e if r['temperature'] == 0)
+
+
+def test_profile_step(tmp_path, capsys):
+  _, saved, printed = _run('profile_step', tmp_path, capsys)
+  assert [p['tokens'] for p in saved['profiles']] == [1, 3]
+  for prof in saved['profiles']:
+    kinds = {r['kind']: r for r in prof['rows']}
+    assert prof['step_us'] > 0
+    # Every matmul of the step is seen: 9 per decoder layer, 4 per attention pair, 1 head.
+    dots = sum(r['count'] for k, r in kinds.items() if 'dot' in k or 'ynn' in k or 'xnn' in k)
+    assert dots >= 9, kinds
+  assert 'thunks sum to' in printed
