@@ -42,8 +42,8 @@ def base_config():
   c.batch_size = 1                 # 1 = the paper's setting
   c.repeats = 3                    # timed repeats per cell (median reported; compile excluded)
   c.dtype = 'bfloat16'             # parameter dtype; logits and acceptance are float32 regardless
-  c.matmul_precision = ''          # '' = XLA's default; 'highest' (with dtype float32) makes greedy
-                                   # output token-identical on GPUs/TPUs too (docs/performance.md, 5)
+  c.matmul_precision = ''          # '' = XLA's default; 'highest' with dtype float32 made greedy
+                                   # output token-identical on a GPU too (docs/performance.md, 5)
   c.seed = 0
   c.output_dir = 'results/experiment'   # results.jsonl, table.csv, table.md, plots
   c.local_data = ''                # JSONL file with {"source", "reference"} fields instead of `datasets`

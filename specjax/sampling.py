@@ -100,26 +100,24 @@ def probs(logits_xV: jax.Array, sampling: Sampling) -> jax.Array:
     return probs_xV
 
 
-def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
-    """One int32 token per row, drawn from probabilities; zero-prob tokens never.
-
-    log(0) is replaced by -inf explicitly so a zero entry can never win the
-    Gumbel-max race inside jax.random.categorical.
-    """
+def _log_probs(probs_xV: jax.Array) -> jax.Array:
+    """log p in float32, with log(0) = -inf explicitly, so that a zero-probability token can
+    never win a Gumbel-max race."""
     probs_xV = probs_xV.astype(jnp.float32)
     positive_xV = probs_xV > 0
-    logp_xV = jnp.where(positive_xV, jnp.log(jnp.where(positive_xV, probs_xV, 1.0)), -jnp.inf)
-    return jax.random.categorical(key, logp_xV, axis=-1).astype(jnp.int32)
+    return jnp.where(positive_xV, jnp.log(jnp.where(positive_xV, probs_xV, 1.0)), -jnp.inf)
+
+
+def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
+    """One int32 token per row, drawn from probabilities; zero-prob tokens never."""
+    return jax.random.categorical(key, _log_probs(probs_xV), axis=-1).astype(jnp.int32)
 
 
 def sample_gumbel(gumbel_xV: jax.Array, probs_xV: jax.Array) -> jax.Array:
     """`sample` with its Gumbel noise drawn by the caller: argmax(log p + g) is an exact draw from
     p (the Gumbel-max trick, as in jax.random.categorical). Lets a loop draw all its noise in one
     RNG call (one threefry loop on XLA:CPU instead of one per step)."""
-    probs_xV = probs_xV.astype(jnp.float32)
-    positive_xV = probs_xV > 0
-    logp_xV = jnp.where(positive_xV, jnp.log(jnp.where(positive_xV, probs_xV, 1.0)), -jnp.inf)
-    return jnp.argmax(logp_xV + gumbel_xV, axis=-1).astype(jnp.int32)
+    return jnp.argmax(_log_probs(probs_xV) + gumbel_xV, axis=-1).astype(jnp.int32)
 
 
 def has_nan(logits_xV: jax.Array) -> jax.Array:
