@@ -25,9 +25,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
 from flax import struct
 
+from chi2 import chi2_pvalue  # tests/chi2.py
 from specjax import sampling as sampling_lib
 from specjax.decoding import autoregressive_decode, speculative_decode
 from specjax.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_unigram, load_ngram,
@@ -35,20 +35,6 @@ from specjax.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_uni
 from specjax.t5 import T5Config, T5Model, init_params
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def chi2_pvalue(counts, law):
-  """Chi-square goodness of fit, cells with expected < 5 pooled; an impossible outcome gives 0."""
-  counts = np.asarray(counts, np.float64).ravel()
-  law = np.asarray(law, np.float64).ravel()
-  if counts[law == 0].sum() > 0:
-    return 0.0
-  expected = counts.sum() * law / law.sum()
-  small = expected < 5
-  obs = np.append(counts[~small], counts[small].sum())
-  exp = np.append(expected[~small], expected[small].sum())
-  keep = exp > 0
-  return float(scipy.stats.chisquare(obs[keep], exp[keep]).pvalue)
 
 
 @struct.dataclass

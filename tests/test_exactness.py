@@ -21,11 +21,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import scipy.stats
-
-from specjax import acceptance
 from flax import struct
 
+from chi2 import chi2_pvalue  # tests/chi2.py
+from specjax import acceptance
 from specjax.decoding import speculative_decode
 from specjax.drafts import ModelDraft
 from specjax.sampling import Sampling, probs, sample
@@ -73,23 +72,6 @@ def exact_law(sampling):
   p3 = p[:, :, 2]  # [y1, y2, y3]
   law = p1[:, None, None] * p2[:, :, None] * p3
   return law / law.sum()
-
-
-def chi2_pvalue(counts, law):
-  """Chi-square goodness of fit; cells with expected count < 5 are pooled into one.
-
-  An observation in a zero-probability cell is an impossible outcome: p = 0.
-  """
-  counts = np.asarray(counts, np.float64).ravel()
-  law = np.asarray(law, np.float64).ravel()
-  if counts[law == 0].sum() > 0:
-    return 0.0
-  expected = counts.sum() * law
-  small = expected < 5
-  obs = np.append(counts[~small], counts[small].sum())
-  exp = np.append(expected[~small], expected[small].sum())
-  keep = exp > 0
-  return float(scipy.stats.chisquare(obs[keep], exp[keep]).pvalue)
 
 
 @functools.lru_cache(maxsize=None)
