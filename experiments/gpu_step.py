@@ -168,7 +168,6 @@ def device_params(config, dtype, seed: int = 0):
 
 def make_pair(shape: str, dtype, draft_layers: int, damp: float):
   """(target, draft) T5Models; the draft shares the target's arrays (first blocks, head)."""
-  import dataclasses  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
@@ -422,7 +421,6 @@ def _identity_one(args, target, draft, ids, label):
   logits along the autoregressive path computed one token per step (as autoregressive decoding
   does) and as one teacher-forced block (as verification does); where the top-2 margin is below
   the block-vs-step difference, the argmax depends on the matmul shape, not on the algorithm."""
-  import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax import decoding  # pylint: disable=import-outside-toplevel
@@ -457,7 +455,6 @@ def _identity_one(args, target, draft, ids, label):
         f"(first divergence {first}); block-vs-step argmax flips {rec['block_argmax_flips']}/{m}, "
         f"|block - step logits| median {rec['delta_median']:.3g} max {rec['delta_max']:.3g}, "
         f"top-2 margin median {rec['margin_median']:.3g} min {rec['margin_min']:.3g}", flush=True)
-  del jax
   return rec
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from specjax import config as config_lib
 from specjax import decoding, metrics, paper, report
-from specjax.config import NGRAM_DRAFTS, RunSpec
+from specjax.config import RunSpec
 
 CELL_KEYS = ('task', 'draft', 'temperature', 'gamma')
 
