@@ -2,7 +2,7 @@
 
 A config file is one runnable experiment: `get_config(arg)` returns a ConfigDict, any field can be
 overridden on the command line (`--config.gammas=3,5 --config.num_examples=20`), and
-`specjax.config.run_spec` validates it before anything is loaded.
+`specjax.runner.config.run_spec` validates it before anything is loaded.
 """
 
 import ml_collections

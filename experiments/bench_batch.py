@@ -75,7 +75,7 @@ def main(argv=None) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()
   print(f'machine: {bc.describe_machine(info)}')
   tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)

@@ -122,7 +122,7 @@ def spec_loop(target, draft, input_ids, gamma: int, max_new_tokens: int, length:
   `length` and never done, so each iteration does the work of a mid-sequence one."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   draft = decoding._as_draft(draft)  # pylint: disable=protected-access
   fns = _jitted()
   state0 = fns['spec_init'](target, draft, input_ids, jax.random.PRNGKey(0), gamma=gamma,
@@ -142,10 +142,10 @@ def _jitted():
   import functools  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
-  from specjax import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
 
-  from specjax.experiment import step_loop as step  # pylint: disable=import-outside-toplevel
+  from specjax.runner.experiment import step_loop as step  # pylint: disable=import-outside-toplevel
 
   @functools.partial(jax.jit, static_argnames=('steps', 'sampling', 'max_new_tokens'))
   def ar(model, cache, lengths, rng, *, steps, sampling, max_new_tokens):
@@ -193,7 +193,7 @@ def _jitted():
 
 def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
   import jax  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   m = args.max_new_tokens
   cache_len = m + gamma + 1
   length = cache_len // 2
@@ -215,8 +215,8 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
   }
   t = bc.interleave(fns, repeats=args.cost_repeats)
   ms = {name: 1e3 * r['median_s'] / (1 if name.endswith('init') else k) for name, r in t.items()}
-  # The sweep runner's c (specjax.experiment.measure_c, its own compiled loop): a cross-check.
-  from specjax import experiment  # pylint: disable=import-outside-toplevel
+  # The sweep runner's c (specjax.runner.experiment.measure_c, its own compiled loop): a cross-check.
+  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
   c_runner = experiment.measure_c(target, draft, input_ids, cache_len,
                                   repeats=max(3, args.cost_repeats))
   models = gamma * ms['draft_1'] + ms['target_block']
@@ -240,7 +240,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
 def end_to_end(target, draft, prompts, gamma, temperature, args):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   m = args.max_new_tokens
   out = {'ar': [], 'spec': []}
 
@@ -284,7 +284,7 @@ def main(argv=None) -> dict:
   args = parse_args(argv)
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import metrics  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()
   print(f'machine: {bc.describe_machine(info)}')
   tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)

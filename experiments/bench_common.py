@@ -294,7 +294,7 @@ def resolve_pair(which: str, smoke: bool = False) -> tuple[Path, Path, str]:
 
 def load_pair_jax(target_dir, draft_dir, dtype=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+  from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
   dtype = dtype or jnp.float32
   return load_t5(str(target_dir), dtype=dtype), load_t5(str(draft_dir), dtype=dtype)
 
@@ -323,7 +323,7 @@ def _test_records(n: int) -> list[dict]:
 
 def load_tokenizer_for(target_dir):
   """The checkpoint's tokenizer, else the shipped Bible tokenizer; None if neither is usable."""
-  from specjax.checkpoints import load_tokenizer  # pylint: disable=import-outside-toplevel
+  from specjax.models.checkpoints import load_tokenizer  # pylint: disable=import-outside-toplevel
   _quiet_transformers()
   for getter in (lambda: load_tokenizer(str(target_dir)), _bible_tokenizer):
     try:

@@ -70,7 +70,7 @@ def parse_args(argv=None):
 
 def _decode_fns(target, draft, x, gamma, m, temperature):
   import jax  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   key = jax.random.PRNGKey(0)
   spec = lambda: decoding.speculative_decode(target, draft, x, gamma=gamma, max_new_tokens=m,  # noqa: E731
                                              temperature=temperature, rng=key).tokens
@@ -87,7 +87,7 @@ def child(args) -> None:
   jax.config.update('jax_persistent_cache_min_compile_time_secs', 0.0)
   jax.config.update('jax_persistent_cache_min_entry_size_bytes', 0)
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  from specjax.decoding import loop as decoding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   t_load = time.perf_counter()
   tdir, ddir, _ = bc.resolve_pair(args.pair, smoke=args.smoke)
   target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
@@ -132,7 +132,8 @@ def main(argv=None) -> dict:
     return {}
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax import acceptance, decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import acceptance  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()
   print(f'machine: {bc.describe_machine(info)}')
   tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)

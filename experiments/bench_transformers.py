@@ -92,7 +92,7 @@ def run_pair(name: str, args, log=print) -> dict:
   import torch  # pylint: disable=import-outside-toplevel
   from transformers import T5ForConditionalGeneration  # pylint: disable=import-outside-toplevel
   from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
 
   tdir, ddir, desc = bc.resolve_pair(name, smoke=(name == 'smoke'))
   log(f'\n== {name}: {desc}')

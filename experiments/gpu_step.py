@@ -46,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 
 SHAPES = {
-    # (target kwargs for specjax.t5.T5Config)
+    # (target kwargs for specjax.models.t5.T5Config)
     'smoke': dict(vocab_size=256, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=2,
                   num_heads=4, gated=True, tie_word_embeddings=False, scale_logits=False),
     'tiny': dict(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=4,
@@ -153,7 +153,7 @@ def device_params(config, dtype, seed: int = 0):
   jax.random call (one small compile per distinct leaf shape)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.t5 import init_params  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import init_params  # pylint: disable=import-outside-toplevel
   shapes = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))
   leaves, treedef = jax.tree_util.tree_flatten_with_path(shapes)
   key = jax.random.PRNGKey(seed)
@@ -170,7 +170,7 @@ def make_pair(shape: str, dtype, draft_layers: int, damp: float):
   """(target, draft) T5Models; the draft shares the target's arrays (first blocks, head)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import T5Config, T5Model  # pylint: disable=import-outside-toplevel
   config = T5Config(**SHAPES[shape])
   params = device_params(config, dtype)
   scale = jax.jit(lambda w: (w.astype(jnp.float32) * damp).astype(w.dtype), donate_argnums=0)
@@ -187,7 +187,7 @@ def make_pair(shape: str, dtype, draft_layers: int, damp: float):
 def draft_view(target, draft_layers: int):
   """The draft T5Model over the target's own arrays: embedding, head, first `draft_layers` blocks."""
   import dataclasses  # pylint: disable=import-outside-toplevel
-  from specjax.t5 import T5Model  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
   params = target.params
   dparams = dict(params)
   dparams['encoder'] = dict(params['encoder'], layers=params['encoder']['layers'][:draft_layers])
@@ -201,7 +201,7 @@ def synthetic_cache(model, batch: int, src_len: int, cache_len: int, seed: int =
   """A DecoderCache without running the encoder: zero self K/V, random cross K/V (on device)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.t5 import DecoderCache  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import DecoderCache  # pylint: disable=import-outside-toplevel
   c = model.config
   dtype = model.dtype
   n = c.num_decoder_layers
@@ -308,7 +308,7 @@ def stage_floor(args, res, target):
 
 def stage_loop(args, res, target, draft, ids):
   import bench_bound  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   g, m = args.gamma, args.max_new_tokens
   sampling = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
   # The steps stage's cache length when it ran: the same shapes reuse its compiled loops.
@@ -363,7 +363,8 @@ def _gammas(args):
 def _end2end_one(args, res, target, draft, ids, temperature, g):
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from specjax import decoding, metrics  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
   m = args.max_new_tokens
   out = {}
   kw = dict(max_new_tokens=m, eos_id=-1, temperature=temperature, rng=jax.random.PRNGKey(7))
@@ -423,7 +424,7 @@ def _identity_one(args, target, draft, ids, label):
   the block-vs-step difference, the argmax depends on the matmul shape, not on the algorithm."""
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
-  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   g, m = args.gamma, args.max_new_tokens
   ar = np.asarray(decoding.autoregressive_decode(target, ids, max_new_tokens=m, eos_id=-1).tokens)
   sp = np.asarray(decoding.speculative_decode(target, draft, ids, gamma=g, max_new_tokens=m,
@@ -501,8 +502,9 @@ def dry_run(args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import bench_bound  # pylint: disable=import-outside-toplevel
-  from specjax import acceptance, decoding  # pylint: disable=import-outside-toplevel
-  from specjax.t5 import DecoderCache, T5Config, T5Model, init_params  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import acceptance  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import DecoderCache, T5Config, T5Model, init_params  # pylint: disable=import-outside-toplevel
   dtype = jnp.bfloat16 if args.dtype == 'bfloat16' else jnp.float32
   config = T5Config(**SHAPES[args.shape])
   params = jax.eval_shape(lambda: init_params(config, jax.random.PRNGKey(0), dtype))

@@ -13,7 +13,8 @@ import os
 
 import numpy as np
 
-from specjax import metrics, paper
+from specjax.runner import metrics
+from specjax.runner import paper
 
 FIG3_C = (0.01, 0.02, 0.05, 0.1)
 

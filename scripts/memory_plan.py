@@ -1,7 +1,7 @@
 """Memory plan for target + draft pairs on TPU / GPU hosts: which pair fits where, on which mesh.
 
-Everything is computed from the T5 configs (specjax.presets) and the partition rules of
-specjax.sharding, by shape evaluation: nothing is materialised, nothing is downloaded, no
+Everything is computed from the T5 configs (specjax.models.presets) and the partition rules of
+specjax.models.sharding, by shape evaluation: nothing is materialised, nothing is downloaded, no
 accelerator is needed.
 
   python scripts/memory_plan.py                       # the tables in docs/scaling.md
@@ -35,9 +35,9 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 from jax.sharding import AbstractMesh  # noqa: E402
 
-from specjax import sharding as sh  # noqa: E402
-from specjax.presets import PRESETS, preset  # noqa: E402
-from specjax.t5 import T5Config, init_params  # noqa: E402
+from specjax.models import sharding as sh  # noqa: E402
+from specjax.models.presets import PRESETS, preset  # noqa: E402
+from specjax.models.t5 import T5Config, init_params  # noqa: E402
 
 GIB = 2 ** 30
 BF16 = 2

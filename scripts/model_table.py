@@ -1,11 +1,11 @@
 """Prints the README's model table: parameters, bf16 bytes and KV-cache bytes per token.
 
-Computed from specjax.presets by shape evaluation (nothing is materialised or downloaded):
+Computed from specjax.models.presets by shape evaluation (nothing is materialised or downloaded):
   python scripts/model_table.py
 """
 
-from specjax import presets
-from specjax.t5 import kv_cache_bytes_per_token, param_count
+from specjax.models import presets
+from specjax.models.t5 import kv_cache_bytes_per_token, param_count
 
 
 def _gib(n: float) -> str:

@@ -1,11 +1,11 @@
 """specjax: exact speculative decoding for T5 encoder-decoder models in JAX."""
 
-from specjax.checkpoints import load_t5, load_tokenizer, save_t5
-from specjax.decoding import DecodeOutput, SpecStats, autoregressive_decode, speculative_decode
-from specjax.drafts import (BigramDraft, ModelDraft, PromptLookupDraft, UnigramDraft, fit_bigram,
+from specjax.models.checkpoints import load_t5, load_tokenizer, save_t5
+from specjax.decoding.loop import DecodeOutput, SpecStats, autoregressive_decode, speculative_decode
+from specjax.decoding.drafts import (BigramDraft, ModelDraft, PromptLookupDraft, UnigramDraft, fit_bigram,
                             fit_unigram, load_ngram, save_ngram)
-from specjax.sampling import Sampling
-from specjax.t5 import DecoderCache, T5Config, T5Model, init_params
+from specjax.decoding.sampling import Sampling
+from specjax.models.t5 import DecoderCache, T5Config, T5Model, init_params
 
 __all__ = [
     'BigramDraft', 'PromptLookupDraft', 'UnigramDraft', 'fit_bigram', 'fit_unigram', 'load_ngram',

@@ -1,7 +1,7 @@
 """Entry point: `python -m specjax.run [--config=configs/tiny.py] [--config.gammas=3,5 ...]`.
 
 Parses flags, validates the config into a RunSpec (errors name the field, before anything is loaded
-or compiled) and calls specjax.experiment.run, which a notebook can call directly too.
+or compiled) and calls specjax.runner.experiment.run, which a notebook can call directly too.
 """
 
 from __future__ import annotations
@@ -26,13 +26,13 @@ _CONFIG = config_flags.DEFINE_config_file(
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f'unexpected arguments: {" ".join(argv[1:])}')
-  from specjax import config as config_lib  # pylint: disable=import-outside-toplevel
+  from specjax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   try:
     spec = config_lib.run_spec(_CONFIG.value)
   except config_lib.ConfigError as e:
     print(f'specjax.run: {e}', file=sys.stderr)
     sys.exit(2)
-  from specjax import experiment  # pylint: disable=import-outside-toplevel
+  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
   try:
     experiment.run(spec)
   except (config_lib.ConfigError, FileNotFoundError) as e:

@@ -18,10 +18,10 @@ import pytest
 import scipy.stats
 from flax import struct
 
-from specjax import acceptance
-from specjax import sampling as sampling_lib
-from specjax.decoding import speculative_decode
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.decoding import acceptance
+from specjax.decoding import sampling as sampling_lib
+from specjax.decoding.loop import speculative_decode
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 # ----------------------------------------------------------------------------- stub models
 
@@ -56,7 +56,7 @@ class StubTarget:
 
 @struct.dataclass
 class StubDraft:
-  """A draft (specjax.drafts interface) proposing i.i.d. tokens from probs(logits_V, sampling)."""
+  """A draft (specjax.decoding.drafts interface) proposing i.i.d. tokens from probs(logits_V, sampling)."""
   logits_V: jax.Array
 
   def init(self, input_ids_BxS, max_len):

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from specjax import decoding, save_t5
-from specjax.decoding import autoregressive_decode, speculative_decode
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.decoding.loop import autoregressive_decode, speculative_decode
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 S, M, B = 7, 16, 8  # source length, max_new_tokens, full batch
 GAMMAS = (1, 2, 3, 5, 8)

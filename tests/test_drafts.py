@@ -1,4 +1,4 @@
-"""Tests for the model-free drafts of specjax.drafts: UnigramDraft, BigramDraft, PromptLookupDraft.
+"""Tests for the model-free drafts of specjax.decoding.drafts: UnigramDraft, BigramDraft, PromptLookupDraft.
 
 Shapes: R rows (trials), S source, N seq buffer, G gamma, V vocab.
 
@@ -28,11 +28,11 @@ import pytest
 from flax import struct
 
 from chi2 import chi2_pvalue  # tests/chi2.py
-from specjax import sampling as sampling_lib
-from specjax.decoding import autoregressive_decode, speculative_decode
-from specjax.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_unigram, load_ngram,
+from specjax.decoding import sampling as sampling_lib
+from specjax.decoding.loop import autoregressive_decode, speculative_decode
+from specjax.decoding.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_unigram, load_ngram,
                             save_ngram)
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 # ----------------------------------------------------------------------------- helpers
 

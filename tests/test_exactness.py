@@ -5,7 +5,7 @@ Shapes: N rows, V vocab, G gamma, M = 3 generated tokens.
 One batched speculative_decode call generates the first M = 3 tokens of N = 20,000 independent rows
 (the same prompt repeated). Their empirical joint law over the V^3 cells is compared by chi-square
 with the exact target law, enumerated from teacher-forced target logits on all V^2 prefixes and
-processed with specjax.sampling.probs under the same Sampling (temperature, top-k, top-p). The
+processed with specjax.decoding.sampling.probs under the same Sampling (temperature, top-k, top-p). The
 draft is an independent random T5, so q != p and rejections, residual draws and bonus tokens are
 all frequent. The same helper is run with deliberately broken verify functions: each must be
 rejected with p < 1e-6, which shows the test has the power to see those bugs.
@@ -24,11 +24,11 @@ import pytest
 from flax import struct
 
 from chi2 import chi2_pvalue  # tests/chi2.py
-from specjax import acceptance
-from specjax.decoding import speculative_decode
-from specjax.drafts import ModelDraft
-from specjax.sampling import Sampling, probs, sample
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.decoding import acceptance
+from specjax.decoding.loop import speculative_decode
+from specjax.decoding.drafts import ModelDraft
+from specjax.decoding.sampling import Sampling, probs, sample
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 V, N, M, GAMMA = 12, 20_000, 3, 2
 PROMPT = np.array([[5, 3, 9, 2, 0]], np.int32)  # one right-padded prompt, repeated N times

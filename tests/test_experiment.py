@@ -7,11 +7,11 @@ import sys
 import jax
 import pytest
 
-from specjax import config as config_lib
-from specjax import experiment
-from specjax.checkpoints import save_t5
+from specjax.runner import config as config_lib
+from specjax.runner import experiment
+from specjax.models.checkpoints import save_t5
 from specjax.data import bible_tokenizer
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)

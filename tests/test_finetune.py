@@ -99,7 +99,7 @@ def test_uninterrupted_run_learns_and_matches_resumed_run(resumed_run, tmp_path)
   killed-and-resumed run ends with the same params (nothing lost or repeated: params, optimiser
   state and data position all came back from the checkpoint)."""
   from safetensors.numpy import load_file
-  from specjax import finetune
+  from specjax.training import finetune
   finetune.train(_smoke('bible_target', workdir=str(tmp_path / 'straight'),
                         **{'data.bleu_examples': 0}))
   lines = (tmp_path / 'straight' / 'metrics.jsonl').read_text().splitlines()
@@ -135,7 +135,7 @@ def test_export_loads_in_specjax_and_transformers(resumed_run):
 
 def test_cnndm_smoke_with_adamw(tmp_path):
   """The CNN/DM config's smoke variant, offline, with the AdamW path and BLEU at the end."""
-  from specjax import finetune
+  from specjax.training import finetune
   res = finetune.train(_smoke('cnndm_v11', workdir=str(tmp_path / 'c'), steps=30, **{
       'optim.name': 'adamw', 'optim.learning_rate': 3e-3, 'optim.b1': 0.9,
       'optim.clip_norm': 1.0}))
@@ -148,7 +148,7 @@ def test_cnndm_smoke_with_adamw(tmp_path):
 
 def test_wmt_smoke_from_checkpoint(resumed_run, tmp_path):
   """The v1.1 route: init_from a HF directory, its own tokenizer, Adafactor."""
-  from specjax import finetune
+  from specjax.training import finetune
   export = str(resumed_run['workdir'] / 'export')
   res = finetune.train(_smoke('wmt_ende_v11', workdir=str(tmp_path / 'w'), steps=10,
                               **{'model.init_from': export, 'data.tokenizer': ''}))
@@ -164,7 +164,7 @@ def test_wmt_smoke_from_checkpoint(resumed_run, tmp_path):
 
 def test_draft_smoke_distills_from_a_checkpoint(resumed_run, tmp_path):
   """bible_draft's path: targets replaced by a teacher's greedy outputs, cached for a resume."""
-  from specjax import finetune
+  from specjax.training import finetune
   teacher = str(resumed_run['workdir'] / 'export')
   cfg = _smoke('bible_draft', workdir=str(tmp_path / 'd'), steps=10, **{
       'data.distill_from': teacher, 'data.train_examples': 64, 'data.bleu_examples': 0,
@@ -201,8 +201,8 @@ def test_draft_smoke_distills_from_a_checkpoint(resumed_run, tmp_path):
     ('mesh_shape', (1, 2, 3), 'config.mesh_shape'),
 ])
 def test_bad_config_one_line_error(key, value, field):
-  from specjax import finetune
-  from specjax.config import ConfigError
+  from specjax.training import finetune
+  from specjax.runner.config import ConfigError
   cfg = _smoke('bible_target')
   node = cfg
   *path, last = key.split('.')
@@ -216,8 +216,8 @@ def test_bad_config_one_line_error(key, value, field):
 
 
 def test_unknown_config_key_named():
-  from specjax import finetune
-  from specjax.config import ConfigError
+  from specjax.training import finetune
+  from specjax.runner.config import ConfigError
   cfg = _smoke('bible_target')
   cfg.optim.unlock()
   cfg.optim.lr = 1e-3

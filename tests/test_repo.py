@@ -35,8 +35,8 @@ def test_readme_model_table_is_computed():
 
 
 def test_presets_match_public_parameter_counts():
-  from specjax import presets
-  from specjax.t5 import param_count
+  from specjax.models import presets
+  from specjax.models.t5 import param_count
   # Published sizes (T5 paper / model cards), in millions, within 2%.
   published = {'t5-small': 60.5, 't5-base': 222.9, 't5-large': 737.7, 't5-3b': 2851.6,
                't5-11b': 11307.3, 'google/t5-v1_1-small': 76.96, 'google/t5-v1_1-xxl': 11135.3}

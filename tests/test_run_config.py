@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from specjax import config as config_lib
+from specjax.runner import config as config_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -38,7 +38,7 @@ def test_bad_values_name_the_field(field, value, needle):
 
 def test_matmul_precision_is_applied_by_setup_jax():
   import jax  # pylint: disable=import-outside-toplevel
-  from specjax import experiment  # pylint: disable=import-outside-toplevel
+  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
   c = tiny.get_config()
   c.matmul_precision, c.compilation_cache = 'highest', ''
   before = jax.config.jax_default_matmul_precision

@@ -30,8 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P  # noqa: E402
 
-from specjax import sharding as sh  # noqa: E402
-from specjax.t5 import T5Config, T5Model, init_params  # noqa: E402
+from specjax.models import sharding as sh  # noqa: E402
+from specjax.models.t5 import T5Config, T5Model, init_params  # noqa: E402
 
 MESHES = ((1, 8), (2, 4), (8, 1))
 GAMMA, MAX_NEW = 3, 10
@@ -68,8 +68,8 @@ def _inputs(vocab, seed, batch=8, length=7):
 
 
 def _mesh_checks() -> dict:
-  from specjax.decoding import autoregressive_decode, speculative_decode
-  from specjax.t5 import init_cache
+  from specjax.decoding.loop import autoregressive_decode, speculative_decode
+  from specjax.models.t5 import init_cache
 
   res = {'device_count': jax.device_count(), 'runs': {}, 'errors': {}}
   t_start = time.time()
@@ -174,7 +174,7 @@ def _mesh_checks() -> dict:
 
   # load_t5(mesh=...): a saved checkpoint streamed straight into sharded device arrays.
   import tempfile  # pylint: disable=import-outside-toplevel
-  from specjax.checkpoints import load_t5, save_t5  # pylint: disable=import-outside-toplevel
+  from specjax.models.checkpoints import load_t5, save_t5  # pylint: disable=import-outside-toplevel
   with tempfile.TemporaryDirectory() as tmp:
     save_t5(target, tmp + '/target')
     loaded = load_t5(tmp + '/target', mesh=mesh)

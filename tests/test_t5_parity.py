@@ -1,4 +1,4 @@
-"""specjax.t5 against transformers' PyTorch T5, and specjax.checkpoints.
+"""specjax.models.t5 against transformers' PyTorch T5, and specjax.models.checkpoints.
 
 Shapes: B batch, S source length, T target length, V vocab, K decoder block.
 
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from specjax import load_t5, load_tokenizer, save_t5
-from specjax.checkpoints import checkpoint_tensors, convert_state_dict, read_config
-from specjax.t5 import relative_position_bucket
+from specjax.models.checkpoints import checkpoint_tensors, convert_state_dict, read_config
+from specjax.models.t5 import relative_position_bucket
 
 FAMILIES = ['original', 'v11']
 # Block sizes for the incremental test: a spread over 1..8 (each size is one more compile).
@@ -369,7 +369,7 @@ def test_hub_id_from_local_cache_offline(hf_t5_original, jax_models, monkeypatch
 
 
 def test_bin_without_torch_is_a_clear_error(monkeypatch, tmp_path):
-  from specjax.checkpoints import TorchBinSource
+  from specjax.models.checkpoints import TorchBinSource
   monkeypatch.setitem(__import__('sys').modules, 'torch', None)
   with pytest.raises(ImportError, match='needs PyTorch'):
     TorchBinSource(None, single=tmp_path / 'pytorch_model.bin')

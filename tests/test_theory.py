@@ -2,7 +2,8 @@
 
 import pytest
 
-from specjax import metrics, paper
+from specjax.runner import metrics
+from specjax.runner import paper
 
 
 @pytest.mark.parametrize('alpha,gamma,ops,speed', paper.TABLE1)

@@ -56,7 +56,7 @@ import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec as P
 
-from specjax.t5 import DecoderCache, T5Config, T5Model
+from specjax.models.t5 import DecoderCache, T5Config, T5Model
 
 __all__ = [
     'DATA', 'MODEL', 'MESH_AXES', 'LOGICAL_AXIS_RULES', 'PARAM_RULES', 'make_mesh',
@@ -184,7 +184,7 @@ def _check_mesh(mesh) -> None:
   if explicit:
     raise ValueError(f'mesh axes {explicit} are AxisType.Explicit (the default of jax.make_mesh): '
                      'the T5 code relies on sharding propagation, build the mesh with '
-                     'specjax.sharding.make_mesh or axis_types=(AxisType.Auto,) * 2')
+                     'specjax.models.sharding.make_mesh or axis_types=(AxisType.Auto,) * 2')
 
 
 def _spec(logical_axes: Sequence[str | None], shape: Sequence[int], config: T5Config | None,

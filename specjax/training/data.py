@@ -25,11 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from specjax.checkpoints import load_t5, load_tokenizer, resolve_checkpoint
-from specjax.config import ConfigError
-from specjax.decoding import autoregressive_decode
-from specjax.finetune_spec import DataSpec, FinetuneSpec
-from specjax.t5 import T5Model
+from specjax.models.checkpoints import load_t5, load_tokenizer, resolve_checkpoint
+from specjax.runner.config import ConfigError
+from specjax.decoding.loop import autoregressive_decode
+from specjax.training.spec import DataSpec, FinetuneSpec
+from specjax.models.t5 import T5Model
 
 def load_examples(d: DataSpec, split: str) -> tuple[list[str], list[str]]:
   """(sources, targets) of a split: the shipped corpus by field names, else specjax.data.load_task

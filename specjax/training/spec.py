@@ -11,8 +11,8 @@ import dataclasses
 import os
 from typing import Any
 
-from specjax.config import ConfigError
-from specjax.t5 import T5Config
+from specjax.runner.config import ConfigError
+from specjax.models.t5 import T5Config
 
 OPTIMIZERS = ('adafactor', 'adamw')
 SCHEDULES = ('constant', 'cosine', 'linear', 'rsqrt')

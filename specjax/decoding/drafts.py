@@ -32,8 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import sampling as sampling_lib
-from specjax.t5 import DecoderCache, T5Model
+from specjax.decoding import sampling as sampling_lib
+from specjax.models.t5 import DecoderCache, T5Model
 
 
 def _take_rows(seq_BxN, pos_B):

@@ -13,7 +13,7 @@ to our [in, out]; 'embedding' ([V, D] tables, [NB, H] relative-bias tables) and 
 Streaming: tensors are read one at a time (safetensors `safe_open` per tensor; torch.load with
 mmap for .bin), converted on the host, placed with `jax.device_put(x, sharding)` and the host copy
 dropped, so the float32 host copy of the whole model never exists at once. With `mesh`, each
-tensor goes straight to its `NamedSharding` (specjax.sharding's partition rules).
+tensor goes straight to its `NamedSharding` (specjax.models.sharding's partition rules).
 
 Tying: the head is tied iff `lm_head.weight` is absent or bit-equal to `shared.weight`; the
 logit scaling flag (`scale_decoder_outputs`, else `tie_word_embeddings` is not False) comes from
@@ -41,7 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax.t5 import T5Config, T5Model, init_params
+from specjax.models.t5 import T5Config, T5Model, init_params
 
 __all__ = ['RULES', 'load_t5', 'load_tokenizer', 'save_t5', 'read_config', 'checkpoint_tensors',
            'convert_state_dict', 'resolve_checkpoint', 'to_hf_state_dict']
@@ -473,7 +473,7 @@ def convert_state_dict(config: T5Config, tensors, dtype=jnp.float32, sharding_fn
     if sharding is None:
       leaves[path] = jax.device_put(x)
     else:  # make_array_from_callback: on several hosts each process places only its shards
-      from specjax.sharding import put_sharded  # pylint: disable=import-outside-toplevel
+      from specjax.models.sharding import put_sharded  # pylint: disable=import-outside-toplevel
       leaves[path] = put_sharded(x, sharding)
 
   shared_name = assigned[('shared',)]
@@ -585,13 +585,13 @@ def resolve_checkpoint(path_or_hub_id, allow_patterns=None, need_weights=True) -
 def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
   """Loads a Hugging Face T5 checkpoint (directory or hub id): a T5Model with params in `dtype`.
 
-  With `mesh` (specjax.sharding.make_mesh), params are placed sharded as they are read.
+  With `mesh` (specjax.models.sharding.make_mesh), params are placed sharded as they are read.
   """
   directory = resolve_checkpoint(path_or_hub_id)
   config = read_config(directory)
   sharding_fn = None
   if mesh is not None:
-    from specjax import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
+    from specjax.models import sharding as sharding_lib  # pylint: disable=import-outside-toplevel
 
     def sharding_fn(path, shape):
       return sharding_lib.sharding_for_tensor(path, shape, config, mesh)

@@ -22,9 +22,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from specjax import config as config_lib
-from specjax import decoding, metrics, paper, report
-from specjax.config import RunSpec
+from specjax.runner import config as config_lib
+from specjax.decoding import loop as decoding
+from specjax.runner import metrics
+from specjax.runner import paper
+from specjax.runner import report
+from specjax.runner.config import RunSpec
 
 CELL_KEYS = ('task', 'draft', 'temperature', 'gamma')
 
@@ -122,15 +125,15 @@ def make_mesh(spec: RunSpec):
   """The device mesh of config.mesh_shape, or None for one device."""
   if not spec.mesh_shape:
     return None
-  from specjax import sharding  # pylint: disable=import-outside-toplevel
+  from specjax.models import sharding  # pylint: disable=import-outside-toplevel
   sharding.initialize_distributed()
   return sharding.make_mesh(spec.mesh_shape)
 
 
 def build_draft(spec: RunSpec, draft: str, target, tokenizer, task: str, mesh=None):
   """A T5 draft from a checkpoint, or an n-gram / prompt-lookup draft fitted for this target."""
-  from specjax import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
-  from specjax.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
+  from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
   vocab = target.config.vocab_size
   if draft == 'prompt_lookup':
     return drafts_lib.PromptLookupDraft(vocab_size=vocab)
@@ -314,7 +317,8 @@ def run_cell(spec: RunSpec, task: str, draft_name: str, target, draft, tokenizer
 def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   """Runs every cell not yet in results.jsonl, then writes the table, CSV/Markdown and plots."""
   out = out or sys.stdout
-  from specjax import checkpoints, data  # pylint: disable=import-outside-toplevel
+  from specjax import data  # pylint: disable=import-outside-toplevel
+  from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel
   from tqdm import tqdm  # pylint: disable=import-outside-toplevel
 
   setup_jax(spec)

@@ -7,7 +7,7 @@ config.json files on the Hugging Face hub.
 
 from __future__ import annotations
 
-from specjax.t5 import T5Config
+from specjax.models.t5 import T5Config
 
 _VOCAB = 32128
 

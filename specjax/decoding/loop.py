@@ -25,10 +25,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax import acceptance
-from specjax import sampling as sampling_lib
-from specjax.drafts import ModelDraft
-from specjax.t5 import T5Model
+from specjax.decoding import acceptance
+from specjax.decoding import sampling as sampling_lib
+from specjax.decoding.drafts import ModelDraft
+from specjax.models.t5 import T5Model
 
 DEFAULT_SEED = 0
 
@@ -330,7 +330,7 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new
                        verify_fn=None) -> DecodeOutput:
   """Exact speculative decoding (Leviathan et al. 2023) of a batch of right-padded prompts.
 
-  `draft` is a smaller T5Model or any draft strategy of specjax.drafts. The output distribution
+  `draft` is a smaller T5Model or any draft strategy of specjax.decoding.drafts. The output distribution
   is exactly the target's (after temperature / top-k / top-p); temperature 0 is exact greedy.
   `verify_fn` replaces acceptance.verify (same signature, a module-level function): for research
   on acceptance rules and for the tests' negative controls.

@@ -1,0 +1,1 @@
+"""Fine-tuning and distillation (optax, orbax): targets, drafts and heads for the shipped pairs."""
