@@ -107,6 +107,12 @@ class DecodeOutput:
   trace_drafts: Any = None
   trace_accepted: Any = None
 
+  def to_host(self) -> 'DecodeOutput':
+    """tokens and lengths as numpy arrays, which tokenizers' batch_decode accepts (a JAX array
+    it does not); kept on device when sharded over several hosts (not addressable here)."""
+    host = lambda x: np.asarray(x) if getattr(x, 'is_fully_addressable', True) else x
+    return self.replace(tokens=host(self.tokens), lengths=host(self.lengths))
+
 
 @struct.dataclass
 class SpecState:
@@ -347,7 +353,7 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new
                              sampling=sampling, eos_id=eos, trace=bool(trace),
                              verify_fn=verify_fn or acceptance.verify)
   _raise_on_nan(out.stats.nan, 'speculative_decode')
-  return out
+  return out.to_host()
 
 
 # ----------------------------------------------------------------------------- autoregressive
@@ -408,4 +414,4 @@ def autoregressive_decode(model: T5Model, input_ids, *, max_new_tokens: int,
                                 max_new_tokens=int(max_new_tokens), sampling=sampling,
                                 eos_id=eos)
   _raise_on_nan(out.stats['nan'], 'autoregressive_decode')
-  return out
+  return out.to_host()
