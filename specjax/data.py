@@ -14,7 +14,11 @@ is the SentencePiece tokenizer shipped next to it.
 The first two need the optional `datasets` package and either network or the HF datasets cache;
 offline and uncached they fail within seconds with `TaskUnavailableError` (one line, naming the
 task and the `local_path` JSONL alternative) instead of letting `datasets` retry for minutes.
-`load_jsonl` reads such local files (.jsonl or .jsonl.gz).
+`load_jsonl` reads such local files (.jsonl or .jsonl.gz): one JSON object per line with
+{"source", "reference"} (any task), or the task's own field names ("en"/"de", "article"/
+"highlights", "en"/"es"). A malformed line is a `DataError` naming the file and line.
+
+`TINY_PAIR_DIR` holds the shipped tiny target/draft pair (Hugging Face directories `target`, `draft`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ SOURCES = ('bible_en_es',)
 SPLITS = ('train', 'dev', 'test')
 _SPLIT_ALIASES = {'validation': 'dev', 'valid': 'dev'}
 BIBLE_TOKENIZER_DIR = ASSETS_DIR / 'bible_en_es' / 'tokenizer'
+TINY_PAIR_DIR = ASSETS_DIR / 'tiny_pair'
+LOCAL_FIELDS = ('source', 'reference')  # the schema of a local JSONL file for every task
 
 _TRUE = {'1', 'ON', 'YES', 'TRUE'}
 _PROBE_TIMEOUT_S = 3.0
@@ -42,11 +48,21 @@ class TaskUnavailableError(RuntimeError):
   """A task's data cannot be had here (no `datasets`, or offline and not cached)."""
 
 
+try:  # the runner reports a ConfigError as one line with exit code 2
+  from specjax.errors import ConfigError as _BadInput
+except ImportError:  # pragma: no cover - older layout
+  _BadInput = ValueError
+
+
+class DataError(_BadInput):
+  """A local data file is unusable; the message is one line naming the file (and line, field)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   name: str
   prefix: str             # prepended to every source (not twice if already there)
-  local_fields: tuple     # (source, reference) field names in a local JSONL file
+  local_fields: tuple     # the task's own (source, reference) names, also read in a local JSONL
   hf_path: str | None = None
   hf_name: str | None = None
   hf_fields: tuple = ()   # (source, reference) dotted paths in a HF datasets row
@@ -99,34 +115,64 @@ def _get_field(row, field: str):
   return value
 
 
-def load_jsonl(path, src_field: str, tgt_field: str) -> tuple[list[str], list[str]]:
+def _fields_of(row, schemas):
+  """The first (source, reference) schema whose source field the row has (else the first)."""
+  for schema in schemas:
+    if _get_field(row, schema[0]) is not None:
+      return schema
+  return schemas[0]
+
+
+def _lines(path: Path):
+  """(line number, text) of a .jsonl / .jsonl.gz, decoded line by line so that a line that is
+  not UTF-8 (or a broken gzip stream) is a DataError naming it."""
+  opener = gzip.open if path.suffix == '.gz' else open
+  lineno = 0
+  try:
+    with opener(path, 'rb') as f:
+      for lineno, raw in enumerate(f, 1):
+        try:
+          yield lineno, raw.decode('utf-8')
+        except UnicodeDecodeError as e:
+          raise DataError(f'{path}:{lineno}: not UTF-8 text (byte {e.start + 1})') from None
+  except (OSError, EOFError) as e:
+    raise DataError(f'{path}:{lineno + 1}: unreadable ({" ".join(str(e).split())})') from None
+
+
+def load_jsonl(path, src_field: str | None = None,
+               tgt_field: str | None = None, *,
+               schemas=(LOCAL_FIELDS,)) -> tuple[list[str], list[str]]:
   """(sources, targets) from a user's .jsonl / .jsonl.gz; fields may be dotted ('translation.en').
 
-  Errors are one line and name the file (and line and field): missing file, bad JSON, missing or
-  non-string field, no rows.
+  With `src_field`/`tgt_field` those names are read; otherwise each line may use any of
+  `schemas` ((source, reference) name pairs, default {"source", "reference"}). Errors are one
+  line naming the file (and line and field): FileNotFoundError for a missing file, DataError for
+  bad JSON, a missing or non-string field, or no rows.
   """
-  path = Path(path)
+  path = Path(path).expanduser()
   if not path.is_file():
     raise FileNotFoundError(f'{path}: no such file')
-  opener = gzip.open if path.suffix == '.gz' else open
+  if src_field or tgt_field:
+    schemas = ((src_field or schemas[0][0], tgt_field or schemas[0][1]),)
   sources, targets = [], []
-  with opener(path, 'rt', encoding='utf-8') as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f'{path}:{lineno}: not valid JSON ({e.msg})') from None
-      for field, out in ((src_field, sources), (tgt_field, targets)):
-        value = _get_field(row, field)
-        if not isinstance(value, str):
-          have = ', '.join(row) if isinstance(row, dict) else type(row).__name__
-          what = 'no field' if value is None else f'non-string ({type(value).__name__}) field'
-          raise ValueError(f'{path}:{lineno}: {what} {field!r} (has: {have})')
-        out.append(value)
+  for lineno, line in _lines(path):
+    if not line.strip():
+      continue
+    try:
+      row = json.loads(line)
+    except json.JSONDecodeError as e:
+      raise DataError(f'{path}:{lineno}: not valid JSON ({e.msg}, column {e.colno})') from None
+    fields = _fields_of(row, schemas)
+    for i, (field, out) in enumerate(zip(fields, (sources, targets))):
+      value = _get_field(row, field)
+      if not isinstance(value, str):
+        have = ', '.join(row) if isinstance(row, dict) else f'a JSON {type(row).__name__}'
+        what = 'no field' if value is None else f'non-string ({type(value).__name__}) field'
+        names = dict.fromkeys(s[0] for s in schemas) if i == 0 and value is None else [field]
+        raise DataError(f'{path}:{lineno}: {what} {" or ".join(map(repr, names))} (has: {have})')
+      out.append(value)
   if not sources:
-    raise ValueError(f'{path}: no examples')
+    raise DataError(f'{path}: no examples')
   return sources, targets
 
 
@@ -172,8 +218,8 @@ def _with_prefix(prefix: str, sources: list[str]) -> list[str]:
 def _load_hf(task: Task, split: str, num_examples: int | None) -> tuple[list[str], list[str]]:
   hf_split = {'dev': 'validation'}.get(split, split)
   where = f'{task.hf_path}/{task.hf_name} split {hf_split!r}'
-  hint = (f"pass local_path=<file.jsonl> with fields {task.local_fields[0]!r}/"
-          f"{task.local_fields[1]!r}")
+  hint = ('use a local JSONL file with {"source", "reference"} per line: '
+          '--config.local_data=FILE on the command line, local_path=FILE in Python')
   try:
     import datasets
   except ImportError:
@@ -202,8 +248,9 @@ def load_task(task: str, split: str = 'test', num_examples: int | None = None,
   """(sources with the task prefix, references); the first `num_examples` (None: all).
 
   `local_path` (.jsonl/.jsonl.gz) replaces the download or shipped split (`split` is then
-  ignored); its fields default to the task's `local_fields` ('en'/'de', 'article'/'highlights',
-  'en'/'es'). Raises ValueError for an unknown task or split, TaskUnavailableError when a HF task
+  ignored); each line holds {"source", "reference"} or the task's own names ('en'/'de',
+  'article'/'highlights', 'en'/'es'), unless `src_field`/`tgt_field` name others. Raises ValueError
+  for an unknown task or split, DataError for a bad local file, TaskUnavailableError when a HF task
   cannot be loaded here.
   """
   if task not in TASKS:
@@ -212,8 +259,8 @@ def load_task(task: str, split: str = 'test', num_examples: int | None = None,
   if num_examples is not None and num_examples < 0:
     raise ValueError(f'num_examples must be >= 0 or None, got {num_examples}')
   if local_path is not None:
-    sources, refs = load_jsonl(local_path, src_field or spec.local_fields[0],
-                               tgt_field or spec.local_fields[1])
+    sources, refs = load_jsonl(local_path, src_field, tgt_field,
+                               schemas=(LOCAL_FIELDS, spec.local_fields))
   elif spec.hf_path is None:
     rows = load_pairs(split, source=task)
     sources = [r[spec.local_fields[0]] for r in rows]

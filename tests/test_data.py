@@ -172,7 +172,7 @@ def test_load_jsonl_errors_name_file_and_field(tmp_path):
   p = _write(tmp_path / 'b.jsonl', [{'en': 'a', 'de': 'b'}, {'en': 'c', 'fr': 'd'}])
   with pytest.raises(ValueError, match=re.escape(f"{p}:2: no field 'de' (has: en, fr)")):
     data.load_jsonl(p, 'en', 'de')
-  with pytest.raises(ValueError, match=re.escape(f"{p}:1: no field 'article'")):
+  with pytest.raises(ValueError, match=re.escape(f"{p}:1: no field 'source' or 'article'")):
     data.load_task('cnndm', local_path=p)
   bad = _write(tmp_path / 'c.jsonl', [{'en': 'a', 'de': 'b'}, '{oops\n'])
   with pytest.raises(ValueError, match=re.escape(f'{bad}:2: not valid JSON')):
@@ -183,3 +183,53 @@ def test_load_jsonl_errors_name_file_and_field(tmp_path):
   empty = _write(tmp_path / 'e.jsonl', ['\n'])
   with pytest.raises(ValueError, match=re.escape(f'{empty}: no examples')):
     data.load_jsonl(empty, 'en', 'de')
+
+
+@pytest.mark.parametrize('task', sorted(data.TASKS))
+def test_documented_local_schema_for_every_task(tmp_path, task):
+  # README / configs/common.py: `local_data` is a JSONL file with {"source", "reference"} per line.
+  p = _write(tmp_path / 'mine.jsonl', [{'source': 'One.', 'reference': 'Uno.'},
+                                       {'source': 'Two.', 'reference': 'Dos.', 'id': 7}])
+  sources, refs = data.load_task(task, local_path=p)
+  prefix = data.TASKS[task].prefix
+  assert sources == [prefix + 'One.', prefix + 'Two.'] and refs == ['Uno.', 'Dos.']
+  # The task's own field names are read too, even mixed line by line with the documented ones.
+  src, ref = data.TASKS[task].local_fields
+  q = _write(tmp_path / 'own.jsonl', [{src: 'One.', ref: 'Uno.'},
+                                      {'source': 'Two.', 'reference': 'Dos.'}])
+  assert data.load_task(task, local_path=q) == (sources, refs)
+
+
+def test_bad_lines_are_one_line_data_errors(tmp_path):
+  cases = {
+      'json': ([{'source': 'a', 'reference': 'b'}, '{"source": "a",\n'], ':2: not valid JSON'),
+      'list': (['["a", "b"]\n'], ":1: no field 'source' or 'en' (has: a JSON list)"),
+      'ref': ([{'source': 'a', 'ref': 'b'}], ":1: no field 'reference' (has: source, ref)"),
+      'int': ([{'source': 'a', 'reference': 3}], ":1: non-string (int) field 'reference'"),
+  }
+  for name, (lines, want) in cases.items():
+    p = _write(tmp_path / f'{name}.jsonl', lines)
+    with pytest.raises(data.DataError) as err:
+      data.load_task('bible_en_es', local_path=p)
+    assert str(err.value).startswith(f'{p}{want}'), (name, str(err.value))
+    assert '\n' not in str(err.value)
+  latin1 = tmp_path / 'latin1.jsonl'
+  latin1.write_bytes('{"source": "a", "reference": "b"}\n{"source": "ni\u00f1o"}\n'.encode('latin-1'))
+  with pytest.raises(data.DataError, match=re.escape(f'{latin1}:2: not UTF-8')):
+    data.load_task('bible_en_es', local_path=latin1)
+  broken = tmp_path / 'broken.jsonl.gz'
+  broken.write_bytes(gzip.compress(b'{"source": "a", "reference": "b"}\n' * 50)[:40])
+  with pytest.raises(data.DataError, match=re.escape(f'{broken}:') + r'\d+: unreadable'):
+    data.load_task('bible_en_es', local_path=broken)
+  assert issubclass(data.DataError, ValueError)
+
+
+def test_data_error_is_a_config_error():
+  # The runner turns a ConfigError into one line on stderr and exit code 2.
+  errors = pytest.importorskip('specjax.errors')
+  assert issubclass(data.DataError, errors.ConfigError)
+
+
+def test_tiny_pair_dir_holds_both_models():
+  for name in ('target', 'draft'):
+    assert (data.TINY_PAIR_DIR / name / 'config.json').is_file(), name
