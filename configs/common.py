@@ -1,11 +1,16 @@
-"""Defaults shared by every experiment config; each field documented once, here.
+"""Defaults shared by every experiment config.
 
-A config file is one runnable experiment: `get_config(arg)` returns a ConfigDict, any field can be
-overridden on the command line (`--config.gammas=3,5 --config.num_examples=20`), and
-`specjax.runner.config.run_spec` validates it before anything is loaded.
+The fields, their defaults and one-line docs are `specjax.runner.config.RunSpec` (one place;
+`python -m specjax.run --help` prints them). A config file is one runnable experiment:
+`get_config(arg)` returns a ConfigDict, any field can be overridden on the command line
+(`--config.gammas=3,5 --config.num_examples=20`), and `specjax.runner.config.run_spec` validates
+it before anything is loaded.
 """
 
 import ml_collections
+
+from specjax import configuring
+from specjax.runner.config import RunSpec
 
 
 def parse_arg(arg, positional: str = '', **defaults):
@@ -27,33 +32,9 @@ def parse_arg(arg, positional: str = '', **defaults):
 
 
 def base_config():
-  c = ml_collections.ConfigDict()
-  c.name = 'experiment'            # used in output paths and table titles
-  c.target = ''                    # HF checkpoint directory or hub id of the target
-  c.drafts = ()                    # checkpoints (dirs or hub ids) or 'unigram' / 'bigram' / 'prompt_lookup'
-  c.tasks = ('ende',)              # 'ende' (WMT14 newstest2014), 'cnndm' (CNN/DM 3.0.0 test), 'bible_en_es'
-  c.temperatures = (0.0, 1.0)      # 0 = greedy (exact argmax); >0 = sampling
-  c.gammas = (1, 2, 3, 5, 7, 10)   # drafts per iteration; the paper's gamma is marked in the table
-  c.top_k = 0                      # 0 = off
-  c.top_p = 1.0                    # 1 = off
-  c.num_examples = 100             # prompts per task (from the test split)
-  c.max_source_len = 512           # source tokens kept (truncated beyond)
-  c.max_new_tokens = 128           # decode length per prompt (stops earlier at EOS)
-  c.batch_size = 1                 # 1 = the paper's setting
-  c.repeats = 3                    # timed repeats per cell (median reported; compile excluded)
-  c.dtype = 'bfloat16'             # parameter dtype; logits and acceptance are float32 regardless
-  c.matmul_precision = ''          # '' = XLA's default; 'highest' with dtype float32 made greedy
-                                   # output token-identical on a GPU too (docs/performance.md, 5)
-  c.seed = 0
-  c.output_dir = 'results/experiment'   # results.jsonl, table.csv, table.md, plots
-  c.local_data = ''                # JSONL file with {"source", "reference"} fields instead of `datasets`
-  c.ngram_data = ''                # text/JSONL to fit unigram/bigram drafts (default: task train split)
-  c.ngram_examples = 10000         # training examples used to fit n-gram drafts
-  c.mesh_shape = ()                # () = one device; (data, model) shards over devices
-  c.compilation_cache = '~/.cache/specjax/xla'   # JAX persistent compilation cache ('' = off)
-  c.plots = True                   # speedup vs gamma, alpha per draft, a trace picture (PNG)
-  c.show_examples = 3              # outputs printed at the end
-  return c
+  """The default ConfigDict: every field of specjax.runner.config.RunSpec, where each is documented
+  once (`python -m specjax.run --help` lists them)."""
+  return configuring.config_dict(RunSpec)
 
 
 def t5xxl_config(arg, *, draft_size=None, ngram=None, smoke_gamma=5):

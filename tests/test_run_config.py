@@ -38,12 +38,12 @@ def test_bad_values_name_the_field(field, value, needle):
 
 def test_matmul_precision_is_applied_by_setup_jax():
   import jax  # pylint: disable=import-outside-toplevel
-  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
+  from specjax.runner import setup  # pylint: disable=import-outside-toplevel
   c = tiny.get_config()
   c.matmul_precision, c.compilation_cache = 'highest', ''
   before = jax.config.jax_default_matmul_precision
   try:
-    experiment.setup_jax(config_lib.run_spec(c))
+    setup.setup_jax(config_lib.run_spec(c))
     assert jax.config.jax_default_matmul_precision == 'highest'
   finally:
     jax.config.update('jax_default_matmul_precision', before)

@@ -1,73 +1,159 @@
 """Experiment configs: an ml_collections ConfigDict becomes a frozen, validated RunSpec here, once.
 
-Every check that can fail on user input runs in `run_spec`, before any model is loaded or compiled,
-and raises a one-line `ConfigError` naming the field.
+`RunSpec` is the single list of run-config fields: each field's default and one-line doc live in
+its `option(...)` below; configs/common.py builds the default ConfigDict from it and
+`python -m specjax.run --help` prints it. Every check that can fail on user input runs in
+`run_spec`, before any model is loaded or compiled, and raises a one-line `ConfigError` naming the
+field or file.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
+import struct
 from typing import Any
 
-NGRAM_DRAFTS = ('unigram', 'bigram', 'prompt_lookup')
+from specjax import configuring
+from specjax.configuring import option, require
+from specjax.errors import ConfigError  # pylint: disable=unused-import  (re-exported)
+from specjax.runner import drafts as drafts_lib
+
 TASKS = ('ende', 'cnndm', 'bible_en_es')
+HUB_TASKS = ('ende', 'cnndm')  # read with the optional `datasets` package unless local_data is set
 DTYPES = ('float32', 'bfloat16')
 MATMUL_PRECISIONS = ('', 'default', 'high', 'highest')
-
-
-class ConfigError(ValueError):
-  """Bad experiment configuration; the message names the field."""
+WEIGHT_FILES = ('model.safetensors', 'model.safetensors.index.json', 'pytorch_model.bin')
 
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-  """One experiment: a target, drafts, and the grid of tasks x temperatures x gammas it sweeps.
-
-  Fields mirror configs/common.py, where each one is documented.
-  """
-  name: str
-  target: str
-  drafts: tuple[str, ...]
-  tasks: tuple[str, ...]
-  temperatures: tuple[float, ...]
-  gammas: tuple[int, ...]
-  top_k: int
-  top_p: float
-  num_examples: int
-  max_source_len: int
-  max_new_tokens: int
-  batch_size: int
-  repeats: int
-  dtype: str
-  matmul_precision: str
-  seed: int
-  output_dir: str
-  local_data: str
-  ngram_data: str
-  ngram_examples: int
-  mesh_shape: tuple[int, ...]
-  compilation_cache: str
-  plots: bool
-  show_examples: int
+  """One experiment: a target, drafts, and the grid of tasks x temperatures x gammas it sweeps."""
+  name: str = option('experiment', 'used in output paths and table titles')
+  target: str = option('', 'HF checkpoint directory or hub id of the target')
+  drafts: tuple[str, ...] = option((), 'checkpoints (dirs or hub ids) or '
+                                   + ' / '.join(drafts_lib.REGISTRY))
+  tasks: tuple[str, ...] = option(('ende',), "'ende' (WMT14 newstest2014), 'cnndm' "
+                                  "(CNN/DM 3.0.0 test), 'bible_en_es' (shipped corpus)")
+  temperatures: tuple[float, ...] = option((0.0, 1.0), '0 = greedy (exact argmax); >0 = sampling')
+  gammas: tuple[int, ...] = option((1, 2, 3, 5, 7, 10), "drafts per iteration; the paper's gamma "
+                                   'is marked in the table')
+  top_k: int = option(0, 'top-k filtering (0 = off)')
+  top_p: float = option(1.0, 'nucleus filtering (1 = off)')
+  num_examples: int = option(100, 'prompts per task (from the test split)')
+  max_source_len: int = option(512, 'source tokens kept (truncated beyond)')
+  max_new_tokens: int = option(128, 'decode length per prompt (stops earlier at EOS)')
+  batch_size: int = option(1, "prompts per batch (1 = the paper's setting)")
+  repeats: int = option(3, 'timed repeats per cell (median reported; compile excluded)')
+  dtype: str = option('bfloat16', 'parameter dtype; logits and acceptance are float32 regardless')
+  matmul_precision: str = option('', "'' = XLA's default; 'highest' with dtype float32 keeps "
+                                 'greedy output token-identical on GPUs (docs/performance.md)')
+  seed: int = option(0, 'PRNG seed of the sampled runs')
+  output_dir: str = option('results/experiment', 'results.jsonl, table.csv, table.md, plots')
+  local_data: str = option('', 'JSONL file of prompts/references instead of the `datasets` '
+                           'package (see README, local data)')
+  ngram_data: str = option('', 'text/JSONL to fit unigram/bigram drafts (default: task train '
+                           'split)')
+  ngram_examples: int = option(10000, 'training examples used to fit n-gram drafts')
+  mesh_shape: tuple[int, ...] = option((), '() = one device; (data, model) shards over devices')
+  compilation_cache: str = option('~/.cache/specjax/xla', "JAX persistent compilation cache "
+                                  "('' = off)")
+  plots: bool = option(True, 'speedup vs gamma, alpha per draft, a trace picture (PNG)')
+  show_examples: int = option(3, 'outputs printed at the end')
 
   def draft_label(self, draft: str) -> str:
     """Short name used in tables and to match the paper's rows ('t5-small', 'unigram', ...)."""
-    return os.path.basename(os.path.normpath(draft)) if draft not in NGRAM_DRAFTS else draft
+    return draft if draft in drafts_lib.REGISTRY else os.path.basename(os.path.normpath(draft))
+
+  @property
+  def sampling_grid(self):
+    """The decoding.sampling.Sampling of every temperature, in sweep order."""
+    from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
+    return [Sampling(t, self.top_k, self.top_p) for t in self.temperatures]
 
 
-def _tuple(value, cast, field):
-  if isinstance(value, (str, bytes)):
-    parts = [v for v in str(value).replace(' ', '').split(',') if v]
-  elif isinstance(value, (list, tuple)):
-    parts = list(value)
-  else:
-    parts = [value]
+def run_spec(cfg: Any) -> RunSpec:
+  """Validates a ConfigDict (or dict) and freezes it. Unknown keys are errors."""
+  spec = configuring.read(RunSpec, cfg)
+  _validate(spec)
+  return spec
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def _validate(spec: RunSpec):
+  for field in ('drafts', 'tasks', 'gammas', 'temperatures'):
+    require(len(getattr(spec, field)) > 0, field, 'a non-empty list', getattr(spec, field))
+  for task in spec.tasks:
+    if task not in TASKS:
+      raise ConfigError(f'config.tasks: unknown task {task!r}'
+                        f'{configuring.did_you_mean(task, TASKS) or " (known: " + ", ".join(TASKS) + ")"}')
+  for g in spec.gammas:
+    require(g >= 1, 'gammas', 'integers >= 1', g)
+  _check_sampling(spec)
+  for field in ('num_examples', 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats',
+                'ngram_examples'):
+    require(getattr(spec, field) >= 1, field, 'positive', getattr(spec, field))
+  require(spec.show_examples >= 0, 'show_examples', '>= 0', spec.show_examples)
+  require(spec.dtype in DTYPES, 'dtype', f'one of {DTYPES}', spec.dtype)
+  require(spec.matmul_precision in MATMUL_PRECISIONS, 'matmul_precision',
+          f'one of {MATMUL_PRECISIONS}', spec.matmul_precision)
+  require(bool(spec.output_dir), 'output_dir', 'a directory', spec.output_dir)
+  require(len(spec.mesh_shape) in (0, 2) and all(d >= 1 or d == -1 for d in spec.mesh_shape),
+          'mesh_shape', '() or (data, model)', spec.mesh_shape)
+  for field in ('local_data', 'ngram_data'):
+    path = getattr(spec, field)
+    if path and not os.path.isfile(os.path.expanduser(path)):
+      raise ConfigError(f'config.{field}: file not found: {path}')
+  if spec.ngram_data.endswith(('.jsonl', '.jsonl.gz')):
+    check_jsonl(spec.ngram_data, 'ngram_data')
+  if spec.local_data:
+    check_jsonl(spec.local_data, 'local_data')
+  elif any(t in HUB_TASKS for t in spec.tasks) and importlib.util.find_spec('datasets') is None:
+    task = next(t for t in spec.tasks if t in HUB_TASKS)
+    raise ConfigError(f'config.tasks: task {task!r} needs the optional `datasets` package '
+                      f'(pip install datasets) or a local file: --config.local_data=FILE.jsonl')
+  check_checkpoint('target', spec.target)
+  for i, draft in enumerate(spec.drafts):
+    drafts_lib.check_name(f'drafts[{i}]', draft)
+    if draft not in drafts_lib.REGISTRY:
+      check_checkpoint(f'drafts[{i}]', draft)
+  _check_vocab(spec)
+
+
+def _check_sampling(spec: RunSpec):
+  """Sampling.validate is the one place sampling settings are checked; here it names the field."""
+  for sampling in spec.sampling_grid:
+    try:
+      sampling.validate()
+    except ValueError as e:  # 'Sampling.top_p must be in (0, 1], got 1.5'
+      field = str(e).split('.', 1)[1].split(' ', 1)[0]
+      why = str(e).split(' ', 1)[1]
+      field = 'temperatures' if field == 'temperature' else field
+      raise ConfigError(f'config.{field}: {why}') from None
+
+
+def check_jsonl(path: str, field: str):
+  """Every non-empty line of a JSONL file (.jsonl or .jsonl.gz) is a JSON object."""
+  import gzip  # pylint: disable=import-outside-toplevel
+  expanded = os.path.expanduser(path)
+  opener = gzip.open if expanded.endswith('.gz') else open
   try:
-    return tuple(cast(v) for v in parts)
-  except (TypeError, ValueError):
-    raise ConfigError(f'config.{field}: cannot read {value!r} as a list of {cast.__name__}') from None
+    with opener(expanded, 'rt', encoding='utf-8') as f:
+      for i, line in enumerate(f, 1):
+        if not line.strip():
+          continue
+        try:
+          row = json.loads(line)
+        except ValueError as e:
+          raise ConfigError(f'config.{field}: {path} line {i}: not JSON ({e.msg})') from None
+        if not isinstance(row, dict):
+          raise ConfigError(f'config.{field}: {path} line {i}: not a JSON object')
+  except (OSError, UnicodeDecodeError) as e:
+    raise ConfigError(f'config.{field}: cannot read {path} ({e})') from None
 
 
 def _looks_local(path: str) -> bool:
@@ -80,104 +166,44 @@ def _hub_like(path: str) -> bool:
   return len(parts) == 2 and all(parts) and not path.startswith(('.', '/', '~'))
 
 
-def _check_checkpoint(field: str, path: str):
+def check_checkpoint(field: str, path: str):
+  """A local checkpoint directory has a readable config.json and an intact weights header."""
   if not path:
     raise ConfigError(f'config.{field}: empty checkpoint path')
   expanded = os.path.expanduser(path)
   if os.path.isdir(expanded):
     if not os.path.isfile(os.path.join(expanded, 'config.json')):
       raise ConfigError(f'config.{field}: no config.json in checkpoint directory {path}')
+    _local_vocab(path)
+    weights = [w for w in WEIGHT_FILES if os.path.isfile(os.path.join(expanded, w))]
+    if not weights:
+      raise ConfigError(f'config.{field}: no weights ({" / ".join(WEIGHT_FILES)}) in {path}')
+    if weights[0] == 'model.safetensors':
+      _check_safetensors(field, os.path.join(path, weights[0]))
     return
   if _looks_local(path) or os.path.exists(expanded):
     raise ConfigError(f'config.{field}: checkpoint directory not found: {path}')
 
 
-def run_spec(cfg: Any) -> RunSpec:
-  """Validates a ConfigDict (or dict) and freezes it. Unknown keys are errors."""
-  data = cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg)
-  fields = {f.name for f in dataclasses.fields(RunSpec)}
-  unknown = sorted(set(data) - fields)
-  if unknown:
-    raise ConfigError(f'config.{unknown[0]}: unknown config key (known: {", ".join(sorted(fields))})')
-  missing = sorted(fields - set(data))
-  if missing:
-    raise ConfigError(f'config.{missing[0]}: missing config key')
-
-  spec = RunSpec(
-      name=str(data['name']),
-      target=str(data['target']),
-      drafts=_tuple(data['drafts'], str, 'drafts'),
-      tasks=_tuple(data['tasks'], str, 'tasks'),
-      temperatures=_tuple(data['temperatures'], float, 'temperatures'),
-      gammas=_tuple(data['gammas'], int, 'gammas'),
-      top_k=int(data['top_k']),
-      top_p=float(data['top_p']),
-      num_examples=int(data['num_examples']),
-      max_source_len=int(data['max_source_len']),
-      max_new_tokens=int(data['max_new_tokens']),
-      batch_size=int(data['batch_size']),
-      repeats=int(data['repeats']),
-      dtype=str(data['dtype']),
-      matmul_precision=str(data['matmul_precision'] or ''),
-      seed=int(data['seed']),
-      output_dir=str(data['output_dir']),
-      local_data=str(data['local_data'] or ''),
-      ngram_data=str(data['ngram_data'] or ''),
-      ngram_examples=int(data['ngram_examples']),
-      mesh_shape=_tuple(data['mesh_shape'], int, 'mesh_shape'),
-      compilation_cache=str(data['compilation_cache'] or ''),
-      plots=bool(data['plots']),
-      show_examples=int(data['show_examples']),
-  )
-  _validate(spec)
-  return spec
-
-
-def _validate(spec: RunSpec):
-  if not spec.drafts:
-    raise ConfigError('config.drafts: at least one draft is needed')
-  if not spec.tasks:
-    raise ConfigError('config.tasks: at least one task is needed')
-  for task in spec.tasks:
-    if task not in TASKS:
-      raise ConfigError(f'config.tasks: unknown task {task!r} (known: {", ".join(TASKS)})')
-  if not spec.gammas:
-    raise ConfigError('config.gammas: at least one gamma is needed')
-  for g in spec.gammas:
-    if g < 1:
-      raise ConfigError(f'config.gammas: gamma must be >= 1, got {g}')
-  if not spec.temperatures:
-    raise ConfigError('config.temperatures: at least one temperature is needed')
-  for t in spec.temperatures:
-    if t < 0:
-      raise ConfigError(f'config.temperatures: temperature must be >= 0, got {t}')
-  if spec.top_k < 0:
-    raise ConfigError(f'config.top_k: must be >= 0, got {spec.top_k}')
-  if not 0.0 < spec.top_p <= 1.0:
-    raise ConfigError(f'config.top_p: must be in (0, 1], got {spec.top_p}')
-  for field in ('num_examples', 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats'):
-    if getattr(spec, field) < 1:
-      raise ConfigError(f'config.{field}: must be positive, got {getattr(spec, field)}')
-  if spec.ngram_examples < 1:
-    raise ConfigError(f'config.ngram_examples: must be positive, got {spec.ngram_examples}')
-  if spec.dtype not in DTYPES:
-    raise ConfigError(f'config.dtype: must be one of {DTYPES}, got {spec.dtype!r}')
-  if spec.matmul_precision not in MATMUL_PRECISIONS:
-    raise ConfigError(f'config.matmul_precision: must be one of {MATMUL_PRECISIONS}, '
-                      f'got {spec.matmul_precision!r}')
-  if not spec.output_dir:
-    raise ConfigError('config.output_dir: empty')
-  if any(d < 1 and d != -1 for d in spec.mesh_shape) or len(spec.mesh_shape) not in (0, 2):
-    raise ConfigError(f'config.mesh_shape: expected () or (data, model), got {spec.mesh_shape}')
-  if spec.local_data and not os.path.isfile(os.path.expanduser(spec.local_data)):
-    raise ConfigError(f'config.local_data: file not found: {spec.local_data}')
-  if spec.ngram_data and not os.path.isfile(os.path.expanduser(spec.ngram_data)):
-    raise ConfigError(f'config.ngram_data: file not found: {spec.ngram_data}')
-  _check_checkpoint('target', spec.target)
-  for i, draft in enumerate(spec.drafts):
-    if draft not in NGRAM_DRAFTS:
-      _check_checkpoint(f'drafts[{i}]', draft)
-  _check_vocab(spec)
+def _check_safetensors(field: str, path: str):
+  """Reads only the header: 8-byte length, JSON table, every tensor's bytes inside the file."""
+  expanded = os.path.expanduser(path)
+  size = os.path.getsize(expanded)
+  bad = f'config.{field}: {path} is not a readable safetensors file'
+  try:
+    with open(expanded, 'rb') as f:
+      head = f.read(8)
+      if len(head) < 8:
+        raise ConfigError(f'{bad} ({size} bytes)')
+      (n,) = struct.unpack('<Q', head)
+      if n > size - 8:
+        raise ConfigError(f'{bad} (header length {n} beyond the file)')
+      header = json.loads(f.read(n))
+  except (ValueError, UnicodeDecodeError):
+    raise ConfigError(f'{bad} (corrupt header)') from None
+  end = max((t['data_offsets'][1] for k, t in header.items() if k != '__metadata__'), default=0)
+  if 8 + n + end > size:
+    raise ConfigError(f'{bad} (truncated: {size} bytes, the header needs {8 + n + end})')
 
 
 def _local_vocab(path: str):
@@ -187,7 +213,7 @@ def _local_vocab(path: str):
   try:
     with open(cfg, encoding='utf-8') as f:
       return int(json.load(f).get('vocab_size', 32128))
-  except (OSError, ValueError) as e:
+  except (OSError, ValueError, AttributeError) as e:
     raise ConfigError(f'{cfg}: unreadable config.json ({e})') from None
 
 
@@ -197,7 +223,7 @@ def _check_vocab(spec: RunSpec):
   if target_vocab is None:
     return
   for i, draft in enumerate(spec.drafts):
-    if draft in NGRAM_DRAFTS:
+    if draft in drafts_lib.REGISTRY:
       continue
     vocab = _local_vocab(draft)
     if vocab is not None and vocab != target_vocab:

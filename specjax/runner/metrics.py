@@ -2,16 +2,21 @@
 
 alpha: expected acceptance E[sum_x min(p(x), q(x))]; gamma: drafts per iteration; c: draft/target
 cost ratio per decode step; c_hat: draft/target arithmetic ratio per token.
+
+Timing: compile time apart, block_until_ready, median of repeats, candidates interleaved; `measure_c`
+times one decoder step of draft and target inside compiled loops. Shapes: B batch, S source, K fed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import statistics
 import time
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
@@ -76,3 +81,38 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5) -> dic
       times[name].append(time.perf_counter() - start)
   return {name: Timing(compile_s[name], statistics.median(t), tuple(t))
           for name, t in times.items()}
+
+
+# ----------------------------------------------------------------------------- c, measured
+
+
+@functools.partial(jax.jit, static_argnames=('steps',))
+def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
+  """`steps` decoder steps of K tokens per row at fixed offsets in one program, the cache carried
+  and the argmax fed back (nothing is dead code). Used to time steps as the decode loops run them."""
+  def body_fn(_, carry):
+    cache, tokens_BxK = carry
+    logits_BxKxV, cache = model.decode(cache, tokens_BxK, lengths_B)
+    return cache, jnp.argmax(logits_BxKxV, axis=-1).astype(jnp.int32)
+  return jax.lax.fori_loop(0, steps, body_fn, (cache, tokens_BxK))[1]
+
+
+def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
+              steps: int = 32) -> float:
+  """c = draft / target time of one decode step, same batch and lengths, each timed inside one
+  compiled loop of `steps` steps: the speculative loop runs its steps inside one program, so a
+  per-call timing would add the ~0.1 ms dispatch to both and inflate c for small drafts.
+  Drafts without a decoder (n-gram, prompt lookup) cost ~0: c = 0."""
+  if not hasattr(draft, 'init_cache'):
+    return 0.0
+  ids_BxS = jnp.asarray(batch_BxS)
+  b = ids_BxS.shape[0]
+  tok_Bx1 = jnp.zeros((b, 1), jnp.int32)
+  lengths_B = jnp.full((b,), cache_len // 2, jnp.int32)
+
+  def stepper(model):
+    cache = jax.jit(model.init_cache, static_argnums=1)(ids_BxS, cache_len)
+    return lambda: step_loop(model, cache, tok_Bx1, lengths_B, steps=steps)
+
+  timings = time_interleaved({'target': stepper(target), 'draft': stepper(draft)}, repeats=repeats)
+  return timings['draft'].median_s / timings['target'].median_s

@@ -1,0 +1,120 @@
+"""The runner's draft registry: a draft name -> its builder; any other name is a T5 checkpoint.
+
+Read by config validation (`check_name`, the known names) and by the sweep (`build`); a new draft
+strategy is one `register` call. A builder gets a `DraftContext` and returns a draft object for
+`speculative_decode` (a T5Model or anything implementing specjax.decoding.protocol.Draft).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from typing import Any, Callable
+
+from specjax import configuring
+from specjax.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class DraftContext:
+  """What a builder may use: the run's spec, the loaded target and its tokenizer, the task, the
+  device mesh, and `identity` (a string that changes whenever the built draft would)."""
+  spec: Any
+  target: Any
+  tokenizer: Any
+  task: str
+  mesh: Any
+  identity: str
+
+
+Builder = Callable[[DraftContext], Any]
+REGISTRY: dict[str, Builder] = {}
+# Settings a builder reads besides the task and target: they enter the cell identity (resume).
+SETTINGS: dict[str, tuple[str, ...]] = {}
+
+
+def register(name: str, settings: tuple[str, ...] = ()):
+  """Decorator: `@register('bigram', settings=('ngram_data', 'ngram_examples'))`."""
+  def wrap(builder: Builder) -> Builder:
+    REGISTRY[name] = builder
+    SETTINGS[name] = settings
+    return builder
+  return wrap
+
+
+def check_name(field: str, name: str):
+  """A name that is no registered draft and no existing path but close to a registered name is
+  a typo ('unigrm'), not a hub id: ConfigError with the suggestion."""
+  if name in REGISTRY or os.path.exists(os.path.expanduser(name)):
+    return
+  hint = configuring.did_you_mean(name, REGISTRY)
+  if hint:
+    raise ConfigError(f'config.{field}: unknown draft {name!r}{hint}')
+
+
+def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: str = ''):
+  """The draft called `name` for this target and task (a registered strategy, or a checkpoint)."""
+  ctx = DraftContext(spec, target, tokenizer, task, mesh, identity)
+  if name in REGISTRY:
+    return REGISTRY[name](ctx)
+  return _checkpoint(ctx, name)
+
+
+def _checkpoint(ctx: DraftContext, path: str):
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+  dtype = jnp.bfloat16 if ctx.spec.dtype == 'bfloat16' else jnp.float32
+  model = load_t5(path, dtype=dtype, mesh=ctx.mesh)
+  if model.config.vocab_size != ctx.target.config.vocab_size:
+    raise ConfigError(
+        f'config.drafts: {path} has vocab_size {model.config.vocab_size}, the target has '
+        f'{ctx.target.config.vocab_size}; the draft must share the target vocabulary')
+  return model
+
+
+@register('prompt_lookup')
+def _prompt_lookup(ctx: DraftContext):
+  from specjax.decoding import drafts  # pylint: disable=import-outside-toplevel
+  return drafts.PromptLookupDraft(vocab_size=ctx.target.config.vocab_size)
+
+
+def _ngram(kind: str, ctx: DraftContext):
+  """Fitted once per (task, data, target, size); cached next to the results under a name that
+  hashes what it was fitted from, so a changed setting never reuses a stale fit."""
+  from specjax.decoding import drafts  # pylint: disable=import-outside-toplevel
+  spec = ctx.spec
+  tag = hashlib.sha256(ctx.identity.encode()).hexdigest()[:12]
+  cache = os.path.join(spec.output_dir, f'{kind}_{ctx.task}_{spec.ngram_examples}_{tag}.npz')
+  if os.path.exists(cache):
+    return drafts.load_ngram(cache)
+  token_lists = [ctx.tokenizer(t)['input_ids'] for t in _ngram_texts(spec, ctx.task)]
+  fit = drafts.fit_unigram if kind == 'unigram' else drafts.fit_bigram
+  fitted = fit(token_lists, ctx.target.config.vocab_size)
+  os.makedirs(spec.output_dir, exist_ok=True)
+  tmp = cache + '.tmp.npz'
+  drafts.save_ngram(fitted, tmp)
+  os.replace(tmp, cache)
+  return fitted
+
+
+register('unigram', ('ngram_data', 'ngram_examples'))(lambda ctx: _ngram('unigram', ctx))
+register('bigram', ('ngram_data', 'ngram_examples'))(lambda ctx: _ngram('bigram', ctx))
+
+
+def _ngram_texts(spec, task: str) -> list[str]:
+  from specjax import data  # pylint: disable=import-outside-toplevel
+  if spec.ngram_data:
+    with open(os.path.expanduser(spec.ngram_data), encoding='utf-8') as f:
+      lines = [line.strip() for line in f if line.strip()]
+    texts = []
+    for line in lines[:spec.ngram_examples]:
+      if line.startswith('{'):
+        row = json.loads(line)
+        texts.append(row.get('reference') or row.get('target') or row.get('text') or '')
+      else:
+        texts.append(line)
+    return texts
+  _, refs = data.load_task(task, 'train', spec.ngram_examples)
+  return refs
