@@ -41,6 +41,16 @@ def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
   return max(range(1, max_gamma + 1), key=lambda g: walltime_improvement(alpha, g, c))
 
 
+def predicted_speedup(tokens_per_call: float, draft_passes_per_call: float, c: float,
+                      block_cost: float = 1.0) -> float:
+  """Walltime improvement for any (also variable) proposal length, from measured averages:
+  E[tokens per target call] / (E[draft passes per target call] * c + block_cost).
+
+  block_cost is the target's (gamma+1)-token step over its 1-token step (`measure_block_cost`);
+  with a fixed gamma, gamma passes and block_cost 1 this is Theorem 3.8."""
+  return tokens_per_call / (draft_passes_per_call * c + block_cost)
+
+
 @dataclasses.dataclass(frozen=True)
 class Timing:
   """Compile (first call) time apart from the median of warm repeats, all in seconds."""
@@ -116,3 +126,21 @@ def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
 
   timings = time_interleaved({'target': stepper(target), 'draft': stepper(draft)}, repeats=repeats)
   return timings['draft'].median_s / timings['target'].median_s
+
+
+def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: int = 15,
+                       steps: int = 32) -> float:
+  """The target's (gamma+1)-token decode step over its 1-token step, same batch and offsets, each
+  timed inside one compiled loop (as `measure_c`): the denominator's block cost in
+  `predicted_speedup`."""
+  ids_BxS = jnp.asarray(batch_BxS)
+  b = ids_BxS.shape[0]
+  lengths_B = jnp.full((b,), max(cache_len // 2 - gamma - 1, 0), jnp.int32)
+  cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
+
+  def stepper(k):
+    tok_BxK = jnp.zeros((b, k), jnp.int32)
+    return lambda: step_loop(target, cache, tok_BxK, lengths_B, steps=steps)
+
+  timings = time_interleaved({'block': stepper(gamma + 1), 'one': stepper(1)}, repeats=repeats)
+  return timings['block'].median_s / timings['one'].median_s
