@@ -53,6 +53,7 @@ def parse_args(argv=None):
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
+  bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
     a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '12', 1, 3
@@ -71,6 +72,7 @@ def block_cost(target, ids, gamma: int, cache_len: int, steps: int = 16, repeats
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  gate = bc.load_gate(args)
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -149,7 +151,7 @@ def main(argv=None) -> dict:
     print(f'WARNING: greedy speculative differs from autoregressive in {len(bad)} cells')
   result = {'machine': info, 'args': vars(args), 'pair': desc, 'rows': rows,
             'wall_s': time.perf_counter() - t0, 'load_average_end': bc.load_average()}
-  bc.write_json(args.out, result)
+  bc.finish_load(gate, result, args.out)
   return result
 
 

@@ -82,6 +82,7 @@ def parse_args(argv=None):
   p.add_argument('--cost_repeats', type=int, default=15)
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
+  bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
     a.pair, a.gammas, a.temperatures, a.n = 'smoke', '3', '0', 2
@@ -104,7 +105,7 @@ def step_loop(model, cache, k_tokens: int, length: int, steps: int):
 
 
 def ar_loop(model, cache, length: int, steps: int, sampling, max_new_tokens: int):
-  """fn(): `steps` iterations of the autoregressive loop body (decoding._autoregressive_program's:
+  """fn(): `steps` calls of decoding.autoregressive_step (the loop body autoregressive_decode runs:
   decoder step, token choice, commit), rows pinned at `length`."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -123,7 +124,7 @@ def spec_loop(target, draft, input_ids, gamma: int, max_new_tokens: int, length:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
-  draft = decoding._as_draft(draft)  # pylint: disable=protected-access
+  draft = decoding.as_draft(draft)
   fns = _jitted()
   state0 = fns['spec_init'](target, draft, input_ids, jax.random.PRNGKey(0), gamma=gamma,
                             max_new_tokens=max_new_tokens)
@@ -143,29 +144,22 @@ def _jitted():
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
-  from specjax.decoding import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
 
   from specjax.runner.experiment import step_loop as step  # pylint: disable=import-outside-toplevel
 
   @functools.partial(jax.jit, static_argnames=('steps', 'sampling', 'max_new_tokens'))
   def ar(model, cache, lengths, rng, *, steps, sampling, max_new_tokens):
     b = lengths.shape[0]
-    seq = jnp.zeros((b, max_new_tokens + 1), jnp.int32)
+    state = decoding.ARState(seq=jnp.zeros((b, max_new_tokens + 1), jnp.int32), lengths=lengths,
+                             done=jnp.zeros((b,), bool), cache=cache, rng=rng,
+                             step=jnp.int32(0), nan=jnp.bool_(False))
 
-    def body(i, carry):
-      seq, cache = carry
-      last_B = jnp.take_along_axis(seq, lengths[:, None], axis=1)
-      logits, cache = model.decode(cache, last_B, lengths)
-      if sampling.greedy:  # as decoding._autoregressive_program
-        tok = jnp.argmax(logits[:, 0], axis=-1).astype(jnp.int32)
-      else:
-        p = sampling_lib.probs(logits[:, 0], sampling)
-        tok = jax.vmap(sampling_lib.sample)(decoding._row_keys(rng, i, b), p)  # pylint: disable=protected-access
-      seq, _, _ = decoding._commit(seq, lengths, jnp.zeros((b,), bool), tok[:, None],  # pylint: disable=protected-access
-                                   jnp.ones((b,), jnp.int32), -1, max_new_tokens)
-      return seq, cache
+    def body(_, s):
+      s = s.replace(lengths=lengths, done=jnp.zeros((b,), bool))
+      return decoding.autoregressive_step(model, s, max_new_tokens=max_new_tokens,
+                                          sampling=sampling, eos_id=-1)
 
-    return jax.lax.fori_loop(0, steps, body, (seq, cache))[0]
+    return jax.lax.fori_loop(0, steps, body, state).seq
 
   @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens'))
   def spec_init(target, draft, ids, rng, *, gamma, max_new_tokens):
@@ -198,7 +192,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
   cache_len = m + gamma + 1
   length = cache_len // 2
   k = args.loop_steps
-  sampling = decoding._sampling(temperature, 0, 1.0)  # pylint: disable=protected-access
+  sampling = decoding.make_sampling(temperature)
   init = _jitted()['init_cache']
   tc, dc = init(target, input_ids, max_len=cache_len), init(draft, input_ids, max_len=cache_len)
   fns = {
@@ -208,7 +202,7 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
       'ar_iter': ar_loop(target, init(target, input_ids, max_len=m + 1), m // 2, k, sampling, m),
       'spec_iter': spec_loop(target, draft, input_ids, gamma, m, length, k, sampling),
       # Per-call costs: both encoders + empty caches (speculative) vs the target's (autoregressive).
-      'spec_init': lambda: _jitted()['spec_init'](target, decoding._as_draft(draft), input_ids,  # pylint: disable=protected-access
+      'spec_init': lambda: _jitted()['spec_init'](target, decoding.as_draft(draft), input_ids,
                                                   jax.random.PRNGKey(0), gamma=gamma,
                                                   max_new_tokens=m),
       'ar_init': lambda: init(target, input_ids, max_len=m + 1),
@@ -282,6 +276,7 @@ def end_to_end(target, draft, prompts, gamma, temperature, args):
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  gate = bc.load_gate(args)
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
@@ -326,7 +321,7 @@ def main(argv=None) -> dict:
   print(f'\nmeasured / predicted: min {min(ratios):.2f}, max {max(ratios):.2f} (goal >= 0.9)')
   result = {'machine': info, 'args': vars(args), 'pair': desc, 'cells': cells, 'costs': costs,
             'wall_s': time.perf_counter() - t0, 'load_average_end': bc.load_average()}
-  bc.write_json(args.out, result)
+  bc.finish_load(gate, result, args.out)
   return result
 
 

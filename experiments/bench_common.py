@@ -9,7 +9,11 @@ Not a benchmark itself. What lives here:
   * prompts: held-out test verses (specjax.data.load_pairs('test') when present, else the shipped
     test.jsonl.gz), tokenised like specjax.finetune does (no special tokens, then EOS), right-padded
     to one fixed source length so that every prompt reuses one compiled program;
-  * output: markdown tables and JSON.
+  * output: markdown tables and JSON;
+  * the load gate (specjax/runner/machine.py): every script records the load average and cores at
+    its start and end, and other processes' CPU during the run, prints them beside each table,
+    stores them in its JSON (`load`), and refuses (exit 3) to report figures from a loaded
+    machine unless `--allow-loaded` is given (the figures are then marked LOADED).
 
 Timing conventions used by every script: warm-up (compile) timed apart, `block_until_ready`, the
 median of repeats, and competing variants interleaved A B A B in one process.
@@ -137,6 +141,54 @@ def describe_machine(info: dict[str, Any]) -> str:
   if la:
     parts.append('load average ' + ' '.join(f'{x:.2f}' for x in la))
   return '; '.join(parts)
+
+
+# ----------------------------------------------------------------------------- machine load
+
+
+def add_load_args(p) -> None:
+  """The load gate's options, the same in every benchmark script."""
+  p.add_argument('--allow-loaded', '--allow_loaded', dest='allow_loaded', action='store_true',
+                 help='report figures measured on a loaded machine (they are marked LOADED in '
+                      'the tables and the JSON); by default such a run is refused (exit 3)')
+  p.add_argument('--wait_quiet', type=float, default=0.0,
+                 help='seconds to wait at the start for the 1-min load average to fall under '
+                      'the limit before refusing')
+
+
+def load_gate(args, log=print):
+  """Starts the run's load gate: refuses at once (LoadedMachine, exit 3) on a loaded machine.
+
+  `--smoke` and `--dry_run` runs report no figure worth quoting: they record the load and never
+  refuse.
+  """
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  allow = bool(getattr(args, 'allow_loaded', False) or getattr(args, 'smoke', False)
+               or getattr(args, 'dry_run', False))
+  gate = machine.Gate(allow_loaded=allow)
+  if getattr(args, 'wait_quiet', 0):
+    gate.wait_quiet(args.wait_quiet, log=log)
+  log(machine.describe(gate.check_start()))
+  return gate
+
+
+def table_load(gate, since=None) -> tuple[dict, str]:
+  """(record, line) of the loads from `since` (default the run's start) to now: the line is
+  printed beside a table, the record stored with it in the JSON."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  rec = gate.record(since)
+  return rec, machine.describe(rec)
+
+
+def finish_load(gate, result: dict, out=None, log=print) -> dict:
+  """Records the run's load in `result` (and its JSON), prints it; raises LoadedMachine (exit 3)
+  when the figures were measured under load and --allow-loaded was not given."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  rec = gate.record()
+  result['load'] = rec
+  write_json(out, result)
+  machine.finish(rec, log=log)
+  return rec
 
 
 # ----------------------------------------------------------------------------- timing

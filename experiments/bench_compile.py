@@ -8,7 +8,7 @@ Pair: the shipped tiny EN->ES pair (random stand-in of its shapes while it is ab
 1. Per program: first call (trace + XLA compile + run) vs the warm call (median of repeats); compile
    = first - warm. One speculative program per gamma (gamma is static: it sets the block shape),
    one autoregressive program. The speculative program is also compiled ahead of time,
-   `_speculative_program.lower(...).compile()`, for a fresh shape (max_new_tokens + 1), to split
+   `speculative_program.lower(...).compile()`, for a fresh shape (max_new_tokens + 1), to split
    the cost into tracing + lowering to StableHLO (Python) and XLA compilation.
 2. A sweep reusing compiled programs: the cells (gamma x temperature x prompt) run twice in one
    process; the second pass traces nothing (decoding.TRACE_COUNTS unchanged) and costs only run
@@ -61,6 +61,7 @@ def parse_args(argv=None):
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
+  bc.add_load_args(p)
   p.add_argument('--child', default='', help=argparse.SUPPRESS)  # cache dir: run one start-up
   a = p.parse_args(argv)
   if a.smoke:
@@ -130,9 +131,9 @@ def main(argv=None) -> dict:
   if args.child:
     child(args)
     return {}
+  gate = bc.load_gate(args)
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.decoding import acceptance  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()
   print(f'machine: {bc.describe_machine(info)}')
@@ -163,13 +164,13 @@ def main(argv=None) -> dict:
     print(f"  {name}: first {rec['first_s']:.2f} s, warm {rec['warm_ms']:.1f} ms", flush=True)
 
   key = jax.random.PRNGKey(0)
-  mdraft = decoding._as_draft(draft)  # pylint: disable=protected-access
+  mdraft = decoding.as_draft(draft)
   for g in gammas:
     spec, _ = _decode_fns(target, draft, prompts[0], g, m, 0.0)
-    samp = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
-    lower = lambda g=g, samp=samp: decoding._speculative_program.lower(  # pylint: disable=protected-access  # noqa: E731
+    samp = decoding.make_sampling(0.0)
+    lower = lambda g=g, samp=samp: decoding.speculative_program.lower(  # noqa: E731
         target, mdraft, prompts[0], key, gamma=g, max_new_tokens=m + 1, sampling=samp,
-        eos_id=target.config.eos_token_id, trace=False, verify_fn=acceptance.verify)
+        eos_id=target.config.eos_token_id)
     measure(f'speculative gamma={g}', spec, lower)
   _, ar = _decode_fns(target, draft, prompts[0], gammas[0], m, 0.0)
   measure('autoregressive', ar)
@@ -213,7 +214,7 @@ def main(argv=None) -> dict:
   print(bc.markdown_table(startups, STARTUP_COLUMNS))
   result = {'machine': info, 'args': vars(args), 'pair': desc, 'programs': programs,
             'sweep': sweep, 'startups': startups, 'load_average_end': bc.load_average()}
-  bc.write_json(args.out, result)
+  bc.finish_load(gate, result, args.out)
   return result
 
 

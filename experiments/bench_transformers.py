@@ -3,6 +3,8 @@
   python experiments/bench_transformers.py [--pairs=tiny,t5-small] [--gamma=5] [--out=FILE.json]
   python experiments/bench_transformers.py --smoke          # seconds, random tiny pair (tests)
 
+Refuses (exit 3) on a loaded machine unless --allow-loaded (bench_common: the load gate).
+
 Four rows per model pair, on the same test verses one at a time (batch 1), greedy:
 
   transformers greedy     target.generate(do_sample=False, num_beams=1)
@@ -70,6 +72,7 @@ def parse_args(argv=None):
                       'gets its own transformers rows. Ratios use the fastest transformers row.')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='random tiny pair, 2 prompts, 1 repeat')
+  bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
     a.pairs, a.n, a.max_new_tokens, a.repeats, a.gamma = 'smoke', 2, 12, 1, '3'
@@ -85,7 +88,7 @@ def gamma_for(spec: str, pair: str) -> int:
   return int(table.get(pair, table.get('default', 5)))
 
 
-def run_pair(name: str, args, log=print) -> dict:
+def run_pair(name: str, args, log=print, gate=None) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
@@ -94,6 +97,7 @@ def run_pair(name: str, args, log=print) -> dict:
   from transformers.cache_utils import DynamicCache, EncoderDecoderCache  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
 
+  pair_start = gate.mark() if gate is not None else None
   tdir, ddir, desc = bc.resolve_pair(name, smoke=(name == 'smoke'))
   log(f'\n== {name}: {desc}')
   tf_target = T5ForConditionalGeneration.from_pretrained(str(tdir), dtype=torch.float32).eval()
@@ -199,6 +203,9 @@ def run_pair(name: str, args, log=print) -> dict:
       f"alpha {record['alpha']:.3f}, tokens/target call {record['tokens_per_target_call']:.2f}, "
       f"params target {record['target_params'] / 1e6:.2f}M draft {record['draft_params'] / 1e6:.2f}M")
   log(bc.markdown_table(rows, COLUMNS))
+  if gate is not None:
+    record['load'], line = bc.table_load(gate, pair_start)
+    log(line)
   spec = rows[-1]
   at_all = next(r for r in rows if r['method'] == f'transformers assisted [{threads[0]} thr]')
   record['speedup_vs_tf_assisted'] = spec['vs_tf_assisted']
@@ -212,6 +219,7 @@ def run_pair(name: str, args, log=print) -> dict:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  gate = bc.load_gate(args)
   threads = bc.set_threads(None)
   import jax  # pylint: disable=import-outside-toplevel,unused-import
   import torch  # pylint: disable=import-outside-toplevel,unused-import
@@ -222,11 +230,11 @@ def main(argv=None) -> dict:
   t0 = time.perf_counter()
   out = {'machine': info, 'args': vars(args), 'pairs': []}
   for name in args.pairs.split(','):
-    out['pairs'].append(run_pair(name.strip(), args))
+    out['pairs'].append(run_pair(name.strip(), args, gate=gate))
     bc.write_json(args.out, out)
   out['wall_s'] = time.perf_counter() - t0
   out['all_identical'] = all(p['all_identical'] for p in out['pairs'])
-  bc.write_json(args.out, out)
+  bc.finish_load(gate, out, args.out)
   if not out['all_identical']:
     print('ERROR: outputs differ between implementations', file=sys.stderr)
   return out

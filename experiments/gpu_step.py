@@ -110,6 +110,7 @@ def parse_args(argv=None):
                  default='bandwidth,steps,floor,loop,end2end,end2end_t1,identity')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
+  bc.add_load_args(p)
   p.add_argument('--dry_run', action='store_true',
                  help='only lower + compile every program for abstract inputs of --shape (checks '
                       'the XXL shapes on a CPU without allocating them; compile times)')
@@ -310,7 +311,7 @@ def stage_loop(args, res, target, draft, ids):
   import bench_bound  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   g, m = args.gamma, args.max_new_tokens
-  sampling = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
+  sampling = decoding.make_sampling(0.0)
   # The steps stage's cache length when it ran: the same shapes reuse its compiled loops.
   cache_len = res.get('cache_len', m + g + 1)
   length = cache_len // 2
@@ -502,7 +503,6 @@ def dry_run(args) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import bench_bound  # pylint: disable=import-outside-toplevel
-  from specjax.decoding import acceptance  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
   from specjax.models.t5 import DecoderCache, T5Config, T5Model, init_params  # pylint: disable=import-outside-toplevel
   dtype = jnp.bfloat16 if args.dtype == 'bfloat16' else jnp.float32
@@ -528,9 +528,9 @@ def dry_run(args) -> dict:
                         enc_mask=jax.ShapeDtypeStruct((1, s), bool))
 
   f = bench_bound._jitted()  # pylint: disable=protected-access
-  samp = decoding._sampling(0.0, 0, 1.0)  # pylint: disable=protected-access
+  samp = decoding.make_sampling(0.0)
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
-  mdraft = decoding._as_draft(draft)  # pylint: disable=protected-access
+  mdraft = decoding.as_draft(draft)
   state = jax.eval_shape(lambda t, d, x: decoding.speculative_init(
       t, d, x, jax.random.PRNGKey(0), gamma=g, max_new_tokens=m), target, mdraft, i32(1, s))
   programs = {f'step target K={k}': lambda k=k: f['step'].lower(
@@ -544,10 +544,9 @@ def dry_run(args) -> dict:
                                                 max_new_tokens=m),
       'spec loop': lambda: f['spec'].lower(target, mdraft, state, i32(1), gamma=g,
                                            max_new_tokens=m, sampling=samp, steps=args.steps),
-      'speculative_decode': lambda: decoding._speculative_program.lower(  # pylint: disable=protected-access
-          target, mdraft, i32(1, s), key, gamma=g, max_new_tokens=m, sampling=samp, eos_id=-1,
-          trace=False, verify_fn=acceptance.verify),
-      'autoregressive_decode': lambda: decoding._autoregressive_program.lower(  # pylint: disable=protected-access
+      'speculative_decode': lambda: decoding.speculative_program.lower(
+          target, mdraft, i32(1, s), key, gamma=g, max_new_tokens=m, sampling=samp, eos_id=-1),
+      'autoregressive_decode': lambda: decoding.autoregressive_program.lower(
           target, i32(1, s), key, max_new_tokens=m, sampling=samp, eos_id=-1),
   })
   rows = []
@@ -572,6 +571,7 @@ def main(argv=None) -> dict:
     res = dry_run(args)
     bc.write_json(args.out, res)
     return res
+  gate = bc.load_gate(args)
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   if args.precision:
@@ -644,7 +644,7 @@ def main(argv=None) -> dict:
   if res['skipped'] or res['errors']:
     print(f"skipped: {res['skipped']}; errors: {res['errors']}")
   res['wall_s'] = elapsed()
-  bc.write_json(args.out, res)
+  bc.finish_load(gate, res, args.out)
   return res
 
 

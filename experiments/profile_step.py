@@ -50,6 +50,7 @@ def parse_args(argv=None):
   p.add_argument('--top', type=int, default=12, help='thunk kinds listed')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
+  bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
     a.steps, a.calls, a.tokens = 4, 1, '1,3'
@@ -97,6 +98,7 @@ def by_kind(agg, steps: int) -> list[dict]:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
+  gate = bc.load_gate(args)
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner.experiment import step_loop  # pylint: disable=import-outside-toplevel
@@ -125,7 +127,7 @@ def main(argv=None) -> dict:
     print(f'\n{args.model} ({args.dtype}), batch {args.batch}, {k} token(s) per row: thunks sum '
           f'to {total_us:.0f} us per step ({args.steps} steps x {args.calls} calls)')
     print(bc.markdown_table(rows[:args.top], COLUMNS))
-  bc.write_json(args.out, res)
+  bc.finish_load(gate, res, args.out)
   return res
 
 

@@ -4,6 +4,10 @@ Each script's `--smoke` mode (random tiny models, a couple of prompts, one repea
 process, so programs compiled by one script are reused by the next. No timing is asserted: only
 that every script finishes, prints its table(s), writes its JSON, and that the decoders agree
 (the four-way identical-tokens check of bench_transformers; greedy speculative == autoregressive).
+
+The load gate (specjax/runner/machine.py) is tested with fake load values: a loaded machine is
+refused before any work by every script, a quiet one is not, and `--allow-loaded` (implied by
+`--smoke`) keeps the figures, marked LOADED in the printed line and the JSON.
 """
 
 import json
@@ -52,6 +56,10 @@ def test_bench_transformers(tmp_path, capsys):
   assert pair['all_identical'], pair['mismatches']
   assert all(r['identical'] for r in pair['rows'])
   assert result['all_identical'] and 'identical tokens in all' in printed
+  # Each pair's table and the run carry their load (start and end, cores, others' CPU).
+  for rec in (pair['load'], saved['load']):
+    assert rec['cores'] >= 1 and len(rec['load_average_start']) == len(rec['load_average_end']) == 3
+    assert printed.count('load: load average (1/5/15 min)') >= 3  # start, the pair, the end
 
 
 def test_bench_bound(tmp_path, capsys):
@@ -104,3 +112,109 @@ def test_profile_step(tmp_path, capsys):
     dots = sum(r['count'] for k, r in kinds.items() if 'dot' in k or 'ynn' in k or 'xnn' in k)
     assert dots >= 9, kinds
   assert 'thunks sum to' in printed
+
+
+# ----------------------------------------------------------------------------- the load gate
+
+SCRIPTS = ['bench_transformers', 'bench_bound', 'bench_batch', 'bench_compile', 'profile_step',
+           'gpu_step', 'bench_load']
+
+
+def _fake_snapshots(load1=0.1, others=0.0, own=1.0, cores=2):
+  """A snapshot source: every call is 10 s later; others / own = cores busy meanwhile."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  calls = []
+
+  def take():
+    t = 10.0 * len(calls)
+    calls.append(t)
+    return machine.Snapshot(wall_s=t, loadavg=(load1, load1, load1), cores=cores,
+                            busy_s=100 + (others + own) * t, steal_s=0.0, own_s=5 + own * t)
+  return take
+
+
+def test_gate_allows_a_quiet_machine():
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  take = _fake_snapshots(load1=0.9, others=0.15)  # just under 0.5 x 2 and 0.1 x 2
+  gate = machine.Gate(take=take)
+  assert not gate.check_start()['loaded']
+  rec = gate.record()
+  assert rec['others_cores'] == pytest.approx(0.15) and rec['own_cores'] == pytest.approx(1.0)
+  assert not rec['loaded'] and not rec['refused'] and rec['cores'] == 2
+  assert '(quiet)' in machine.describe(rec) and 'LOADED' not in machine.describe(rec)
+
+
+def test_gate_refuses_a_loaded_start():
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  gate = machine.Gate(take=_fake_snapshots(load1=1.1))
+  with pytest.raises(machine.LoadedMachine) as e:
+    gate.check_start()
+  assert e.value.code == 3 and '1-min load average 1.10' in str(e.value)
+
+
+def test_gate_refuses_others_during_the_run():
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  gate = machine.Gate(take=_fake_snapshots(load1=0.2, others=0.25))
+  gate.check_start()
+  rec = gate.record()
+  assert rec['loaded'] and rec['refused'] and 'other processes used 0.25 cores' in rec['reasons'][0]
+  with pytest.raises(machine.LoadedMachine):
+    machine.finish(rec, log=lambda *_: None)
+
+
+def test_gate_marks_allowed_loaded_figures(tmp_path, capsys):
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  import bench_common as bc  # pylint: disable=import-outside-toplevel
+  gate = machine.Gate(take=_fake_snapshots(load1=3.0, others=1.5), allow_loaded=True)
+  assert gate.check_start()['loaded']  # kept, not refused
+  result = {'rows': []}
+  rec = bc.finish_load(gate, result, tmp_path / 'r.json')
+  saved = json.loads((tmp_path / 'r.json').read_text())['load']
+  assert rec['loaded'] and rec['allowed'] and not rec['refused']
+  assert saved['loaded'] and saved['load_average_start'] == [3.0, 3.0, 3.0] and len(saved['reasons']) == 2
+  assert 'LOADED, kept by --allow-loaded' in capsys.readouterr().out
+
+
+def test_finish_load_refuses_but_keeps_the_json(tmp_path):
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  import bench_common as bc  # pylint: disable=import-outside-toplevel
+  gate = machine.Gate(take=_fake_snapshots(load1=0.2, others=0.5))
+  with pytest.raises(machine.LoadedMachine):
+    bc.finish_load(gate, {}, tmp_path / 'r.json', log=lambda *_: None)
+  saved = json.loads((tmp_path / 'r.json').read_text())['load']
+  assert saved['refused'] and saved['others_cores'] == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize('script', SCRIPTS)
+def test_every_script_refuses_a_loaded_machine(script, monkeypatch, tmp_path):
+  """Refused before any work (no model is built: this takes milliseconds); --allow-loaded passes
+  the start check."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  module = __import__(script)
+  monkeypatch.setattr(machine, 'snapshot', _fake_snapshots(load1=4.0))
+  with pytest.raises(machine.LoadedMachine):
+    module.main([f'--out={tmp_path / "x.json"}'])
+  assert not (tmp_path / 'x.json').exists()
+  args = module.parse_args(['--allow-loaded'])
+  assert args.allow_loaded
+  gate = __import__('bench_common').load_gate(args, log=lambda *_: None)
+  assert gate.check_start()['loaded'] and gate.allow_loaded
+
+
+def test_smoke_runs_record_their_load(tmp_path, capsys, monkeypatch):
+  """--smoke implies --allow-loaded: a loaded smoke run finishes, marked in its line and JSON."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(machine, 'snapshot', _fake_snapshots(load1=4.0, others=1.0))
+  _, saved, printed = _run('bench_batch', tmp_path, capsys)
+  assert saved['load']['loaded'] and saved['load']['allowed'] and not saved['load']['refused']
+  assert 'LOADED, kept by --allow-loaded' in printed
+
+
+def test_bench_load_smoke(tmp_path, capsys):
+  _, saved, printed = _run('bench_load', tmp_path, capsys)
+  levels = saved['levels']
+  assert [lv['extra_load'] for lv in levels] == [0.0, 1.0]
+  assert all(lv['identical'] for lv in levels)
+  # One busy loop ran during the second level's timings: the others' CPU shows it.
+  assert levels[1]['others_cores'] > 0.2, levels[1]['load']
+  assert 'Ratio vs machine load' in printed and saved['load'] == levels[0]['load']
