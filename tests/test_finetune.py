@@ -202,7 +202,7 @@ def test_draft_smoke_distills_from_a_checkpoint(resumed_run, tmp_path):
 ])
 def test_bad_config_one_line_error(key, value, field):
   from specjax.training import finetune
-  from specjax.runner.config import ConfigError
+  from specjax.errors import ConfigError
   cfg = _smoke('bible_target')
   node = cfg
   *path, last = key.split('.')
@@ -217,7 +217,7 @@ def test_bad_config_one_line_error(key, value, field):
 
 def test_unknown_config_key_named():
   from specjax.training import finetune
-  from specjax.runner.config import ConfigError
+  from specjax.errors import ConfigError
   cfg = _smoke('bible_target')
   cfg.optim.unlock()
   cfg.optim.lr = 1e-3

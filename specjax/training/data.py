@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from specjax.models.checkpoints import load_t5, load_tokenizer, resolve_checkpoint
-from specjax.runner.config import ConfigError
+from specjax.errors import ConfigError
 from specjax.decoding.loop import autoregressive_decode
 from specjax.training.spec import DataSpec, FinetuneSpec
 from specjax.models.t5 import T5Model

@@ -39,7 +39,7 @@ import optax
 
 from specjax.models import sharding as sharding_lib
 from specjax.models.checkpoints import load_t5, save_t5
-from specjax.runner.config import ConfigError
+from specjax.errors import ConfigError
 from specjax.training.data import (Batches, Tokenized, bleu, get_tokenizer,
                                    progress_bar, tokenize_split)
 from specjax.training.spec import FinetuneSpec, OptimSpec, finetune_spec
