@@ -1,6 +1,8 @@
 """Bad input to `python -m specjax.run`: a one-line error naming the field, before loading anything."""
 
+import dataclasses
 import os
+import shutil
 import subprocess
 import sys
 
@@ -76,22 +78,129 @@ def test_hub_ids_pass_validation_without_network():
   assert spec.draft_label('google/t5-v1_1-small') == 't5-v1_1-small'
 
 
-def test_cli_exits_nonzero_with_one_line_and_no_results(tmp_path):
-  out_dir = tmp_path / 'out'
+# ----------------------------------------------------------------------------- the command line
+
+TINY_TARGET = os.path.join(ROOT, 'specjax', 'assets', 'tiny_pair', 'target')
+NO_DATASETS = 'import sys, runpy; sys.modules["datasets"] = None; runpy.run_module("specjax.run", run_name="__main__")'
+
+
+def _broken_checkpoint(tmp, name, weights: bytes):
+  """The tiny target's config and tokenizer with `weights` as model.safetensors."""
+  d = tmp / name
+  d.mkdir()
+  for f in os.listdir(TINY_TARGET):
+    if f != 'model.safetensors':
+      shutil.copy(os.path.join(TINY_TARGET, f), d / f)
+  (d / 'model.safetensors').write_bytes(weights)
+  return str(d)
+
+
+def _bad_jsonl(tmp):
+  path = tmp / 'bad.jsonl'
+  path.write_text('{"source": "a", "reference": "b"}\n{"source": "c", "reference": \n')
+  return str(path)
+
+
+# (name, extra arguments (callables get the shared tmp dir), the stderr line must contain this)
+BAD_INPUTS = [
+    ('missing config file', ['--config=configs/nope.py'], '--config: config file not found'),
+    ('bad config argument', ['--config=configs/tiny.py:bogus'], "argument 'bogus' unknown"),
+    ('unknown key', ['--config.nope=1'], 'config.nope: unknown config key'),
+    ('near-miss key', ['--config.temperature=-1'],
+     'config.temperature: unknown config key; did you mean "temperatures"?'),
+    ('override without value', ['--config.gammas'], 'config.gammas: no value'),
+    ('unparsable value', ['--config.top_k=abc'], 'config.top_k'),
+    ('stray argument', ['extra'], 'unexpected arguments: extra'),
+    ('gamma 0', ['--config.gammas=0'], 'config.gammas'),
+    ('negative temperature', ['--config.temperatures=-1'], 'config.temperatures: must be >= 0'),
+    ('top_p out of range', ['--config.top_p=1.5'], 'config.top_p'),
+    ('unknown task', ['--config.tasks=xsum'], 'config.tasks'),
+    ('unknown dtype', ['--config.dtype=float16'], 'config.dtype'),
+    ('batch size 0', ['--config.batch_size=0'], 'config.batch_size'),
+    ('unknown draft', ['--config.drafts=unigrm'], 'config.drafts[0]: unknown draft'),
+    ('missing checkpoint', ['--config.target=/nonexistent/model'], 'config.target'),
+    ('empty safetensors', [lambda t: '--config.target=' + _broken_checkpoint(t, 'empty', b'')],
+     'model.safetensors is not a readable safetensors file'),
+    ('corrupt safetensors',
+     [lambda t: '--config.target=' + _broken_checkpoint(t, 'corrupt', b'\x10\x00' * 40)],
+     'model.safetensors is not a readable safetensors file'),
+    ('missing local data', ['--config.local_data=/nonexistent/data.jsonl'], 'config.local_data'),
+    ('malformed JSONL line', [lambda t: '--config.local_data=' + _bad_jsonl(t)],
+     'bad.jsonl line 2: not JSON'),
+    ('mesh not matching the devices', ['--config.mesh_shape=2,4'], 'config.mesh_shape'),
+    ('datasets package missing', ['--config.tasks=ende', NO_DATASETS],
+     '--config.local_data=FILE.jsonl'),
+]
+
+
+@pytest.fixture(scope='module')
+def bad_runs(tmp_path_factory):
+  """Every BAD_INPUTS command, run as a real `python -m specjax.run` (four at a time)."""
+  tmp = tmp_path_factory.mktemp('bad_inputs')
   env = dict(os.environ, JAX_PLATFORMS='cpu')
-  proc = subprocess.run(
-      [sys.executable, '-m', 'specjax.run', '--config=configs/tiny.py', '--config.gammas=0',
-       f'--config.output_dir={out_dir}'], cwd=ROOT, env=env, capture_output=True, text=True,
-      timeout=120)
-  assert proc.returncode != 0
-  lines = [l for l in proc.stderr.splitlines() if l.strip()]
-  assert lines[-1].startswith('specjax.run: config.gammas'), proc.stderr
+  procs = {}
+  for name, args, _ in BAD_INPUTS:
+    args = [a(tmp) if callable(a) else a for a in args]
+    out_dir = tmp / name.replace(' ', '_')
+    head = [sys.executable, '-m', 'specjax.run']
+    if NO_DATASETS in args:
+      args.remove(NO_DATASETS)
+      head = [sys.executable, '-c', NO_DATASETS]
+    cmd = head + args + [f'--config.output_dir={out_dir}', '--config.compilation_cache=']
+    if len(procs) >= 4:
+      for p in procs.values():
+        p[0].wait()
+    procs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True), out_dir)
+  out = {}
+  for name, (p, out_dir) in procs.items():
+    stdout, stderr = p.communicate(timeout=300)
+    out[name] = (p.returncode, stdout, stderr, out_dir)
+  return out
+
+
+@pytest.mark.parametrize('name,args,needle', BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_input_is_one_line_exit_2_and_no_results(bad_runs, name, args, needle):
+  del args
+  rc, stdout, stderr, out_dir = bad_runs[name]
+  lines = [l for l in stderr.splitlines() if l.strip()]
+  assert rc == 2, stderr
+  assert len(lines) == 1 and lines[0].startswith('specjax.run: '), stderr
+  assert needle in lines[0], lines[0]
+  assert not stdout.strip(), stdout  # nothing ran: no table, no progress
   assert not out_dir.exists()
-  # Unknown override keys are refused by ml_collections before our code runs.
-  proc = subprocess.run(
-      [sys.executable, '-m', 'specjax.run', '--config=configs/tiny.py', '--config.gama=3'],
-      cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-  assert proc.returncode != 0 and 'gama' in proc.stderr
+
+
+def test_help_lists_every_config_field_with_its_doc():
+  proc = subprocess.run([sys.executable, '-m', 'specjax.run', '--help'], cwd=ROOT,
+                        capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  lines = proc.stdout.splitlines()
+  for field in dataclasses.fields(config_lib.RunSpec):
+    doc = field.metadata['doc']
+    assert doc, field.name
+    assert any(l.split()[:1] == [f'--config.{field.name}'] and doc in l for l in lines), field.name
+
+
+def test_config_fields_are_listed_once():
+  # configs/common.py builds the default ConfigDict from RunSpec: same keys, same defaults.
+  from configs import common  # pylint: disable=import-outside-toplevel
+  base = common.base_config()
+  fields = dataclasses.fields(config_lib.RunSpec)
+  assert list(base.keys()) == sorted(f.name for f in fields) or set(base.keys()) == {
+      f.name for f in fields}
+  for f in fields:
+    assert base[f.name] == f.default, f.name
+  assert config_lib.run_spec(base.to_dict() | {'target': TINY_TARGET, 'drafts': ('bigram',),
+                                               'tasks': ('bible_en_es',)}).top_p == 1.0
+
+
+def test_missing_key_named_and_suggestions():
+  d = tiny.get_config().to_dict()
+  d['gama'] = 3
+  with pytest.raises(config_lib.ConfigError, match='config.gama: unknown config key; did you mean '
+                                                   '"gammas"'):
+    config_lib.run_spec(d)
 
 
 @pytest.mark.parametrize('name', ['t5xxl_small', 't5xxl_base', 't5xxl_large', 't5xxl_unigram',

@@ -112,16 +112,27 @@ def _validate(spec: RunSpec):
     check_jsonl(spec.ngram_data, 'ngram_data')
   if spec.local_data:
     check_jsonl(spec.local_data, 'local_data')
-  elif any(t in HUB_TASKS for t in spec.tasks) and importlib.util.find_spec('datasets') is None:
-    task = next(t for t in spec.tasks if t in HUB_TASKS)
-    raise ConfigError(f'config.tasks: task {task!r} needs the optional `datasets` package '
-                      f'(pip install datasets) or a local file: --config.local_data=FILE.jsonl')
   check_checkpoint('target', spec.target)
   for i, draft in enumerate(spec.drafts):
     drafts_lib.check_name(f'drafts[{i}]', draft)
     if draft not in drafts_lib.REGISTRY:
       check_checkpoint(f'drafts[{i}]', draft)
   _check_vocab(spec)
+  check_weights('target', spec.target)
+  for i, draft in enumerate(spec.drafts):
+    if draft not in drafts_lib.REGISTRY:
+      check_weights(f'drafts[{i}]', draft)
+
+
+def check_environment(spec: RunSpec):
+  """What this machine must have for the run (checked when it starts, before any model loads; a
+  config stays valid on a machine without them): the `datasets` package for hub tasks."""
+  if spec.local_data:
+    return
+  hub_tasks = [t for t in spec.tasks if t in HUB_TASKS]
+  if hub_tasks and importlib.util.find_spec('datasets') is None:
+    raise ConfigError(f'config.tasks: task {hub_tasks[0]!r} needs the optional `datasets` package '
+                      f'(pip install datasets) or a local file: --config.local_data=FILE.jsonl')
 
 
 def _check_sampling(spec: RunSpec):
@@ -167,7 +178,7 @@ def _hub_like(path: str) -> bool:
 
 
 def check_checkpoint(field: str, path: str):
-  """A local checkpoint directory has a readable config.json and an intact weights header."""
+  """A local checkpoint directory has a readable config.json; anything else must be a hub id."""
   if not path:
     raise ConfigError(f'config.{field}: empty checkpoint path')
   expanded = os.path.expanduser(path)
@@ -175,14 +186,21 @@ def check_checkpoint(field: str, path: str):
     if not os.path.isfile(os.path.join(expanded, 'config.json')):
       raise ConfigError(f'config.{field}: no config.json in checkpoint directory {path}')
     _local_vocab(path)
-    weights = [w for w in WEIGHT_FILES if os.path.isfile(os.path.join(expanded, w))]
-    if not weights:
-      raise ConfigError(f'config.{field}: no weights ({" / ".join(WEIGHT_FILES)}) in {path}')
-    if weights[0] == 'model.safetensors':
-      _check_safetensors(field, os.path.join(path, weights[0]))
     return
   if _looks_local(path) or os.path.exists(expanded):
     raise ConfigError(f'config.{field}: checkpoint directory not found: {path}')
+
+
+def check_weights(field: str, path: str):
+  """A local checkpoint directory holds weights, and a model.safetensors has an intact header."""
+  expanded = os.path.expanduser(path)
+  if not os.path.isdir(expanded):
+    return  # a hub id: checked on load
+  weights = [w for w in WEIGHT_FILES if os.path.isfile(os.path.join(expanded, w))]
+  if not weights:
+    raise ConfigError(f'config.{field}: no weights ({" / ".join(WEIGHT_FILES)}) in {path}')
+  if weights[0] == 'model.safetensors':
+    _check_safetensors(field, os.path.join(path, weights[0]))
 
 
 def _check_safetensors(field: str, path: str):

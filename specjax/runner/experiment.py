@@ -24,6 +24,7 @@ from specjax.runner import report
 from specjax.runner import results as results_lib
 from specjax.runner import setup
 from specjax.runner.cell import CellResult, run_cell  # pylint: disable=unused-import
+from specjax.runner import config as config_lib
 from specjax.runner.config import RunSpec
 from specjax.runner.prompts import make_prompts
 from specjax.runner.results import ResultsFile  # pylint: disable=unused-import
@@ -49,6 +50,7 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   """Runs every cell not yet in results.jsonl with the current settings, then writes the table,
   CSV/Markdown and plots from the current cells only."""
   out = out or sys.stdout
+  config_lib.check_environment(spec)
   setup.setup_jax(spec)
   mesh = setup.make_mesh(spec)
   results = ResultsFile(os.path.join(spec.output_dir, 'results.jsonl'))
