@@ -29,7 +29,6 @@ setup(
         'rouge-score>=0.1.2',
         'matplotlib>=3.7',
         'tqdm>=4.60',
-        'rich>=13',
     ],
     extras_require={
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import os
 import sys
@@ -18,7 +19,7 @@ COLUMNS = [
     ('tok/call pred', 'tokens_per_target_call_pred', '{:.2f}'), ('c', 'c', '{:.3f}'),
     ('pred', 'pred_improvement', '{:.2f}X'), ('speedup', 'speedup', '{:.2f}X'),
     ('base s', 'baseline_s', '{:.3f}'), ('spec s', 'speculative_s', '{:.3f}'),
-    ('compile s', 'speculative_compile_s', '{:.1f}'),
+    ('speedup min-max', 'speedup_range', '{}'), ('compile s', 'speculative_compile_s', '{:.1f}'),
     ('quality base/spec', None, None), ('same', 'identical_to_baseline', '{}'),
     ('paper alpha', 'paper_alpha', '{:.2f}'), ('paper speedup', 'paper_speedup', '{:.1f}X'),
 ]
@@ -32,9 +33,20 @@ def _quality(row):
   return f"{key} {qb[key]:.1f}/{qs[key]:.1f}"
 
 
+def repeat_speedups(row) -> list[float]:
+  """Speedup of each timed repeat (baseline and speculative ran side by side), if recorded."""
+  base, spec = row.get('baseline_times_s') or [], row.get('speculative_times_s') or []
+  return [b / s for b, s in zip(base, spec) if s > 0]
+
+
 def _cell(row, key, fmt):
   if key is None:
     return _quality(row)
+  if key == 'draft':
+    return describe(row.get('draft_path') or row['draft'])
+  if key == 'speedup_range':
+    each = repeat_speedups(row)
+    return f'{min(each):.2f}-{max(each):.2f}X' if each else '-'
   value = row.get(key)
   if value is None:
     return '-'
@@ -69,36 +81,65 @@ def _atomic_write(path: str, text: str):
   os.replace(tmp, path)
 
 
+@functools.lru_cache(maxsize=None)
+def describe(model: str) -> str:
+  """What a target or draft is, for titles: 'T5 7.0M' for a local checkpoint directory (its
+  name too unless it is just 'target'/'draft'), the hub id or the n-gram draft's name otherwise."""
+  path = os.path.expanduser(model)
+  if not os.path.isfile(os.path.join(path, 'config.json')):
+    return model
+  from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import param_count  # pylint: disable=import-outside-toplevel
+  try:
+    n = param_count(checkpoints.read_config(path))
+  except (OSError, ValueError):
+    return os.path.basename(os.path.normpath(path))
+  size = f'{n / 1e9:.1f}B' if n >= 1e9 else f'{n / 1e6:.1f}M' if n >= 1e5 else f'{n / 1e3:.0f}K'
+  name = os.path.basename(os.path.normpath(path))
+  return f'T5 {size}' if name in ('target', 'draft') else f'{name} (T5 {size})'
+
+
+def _device(rows) -> str:
+  kinds = sorted({str(r.get('device', '?')) for r in rows})
+  return ', '.join('CPU' if k == 'cpu' else k for k in kinds)
+
+
+def pair_title(spec, rows) -> str:
+  """'tiny: T5 7.0M target / T5 1.6M draft', the drafts named by what they are."""
+  drafts = list(dict.fromkeys(r.get('draft_path') or r['draft'] for r in sorted_rows(rows)))
+  names = ', '.join(describe(d) for d in drafts) or '-'
+  return (f"{spec.name}: {describe(spec.target)} target / {names} "
+          f"draft{'s' if len(drafts) > 1 else ''}")
+
+
+def _setting(rows) -> str:
+  batch = sorted({r.get('batch_size', '?') for r in rows})
+  return f"batch {', '.join(map(str, batch))}, {_device(rows)}"
+
+
 def write_tables(spec, rows, out=None):
-  """Prints the table in the paper's layout and writes table.csv / table.md next to results.jsonl."""
+  """Prints the compact table (terminal width) and writes every column to table.csv / table.md."""
+  from specjax.runner import console  # pylint: disable=import-outside-toplevel
   out = out or sys.stdout
   if not rows:
     print('no results', file=out)
     return
-  headers, body = table_lines(rows)
-  title = (f'{spec.name}: target {os.path.basename(os.path.normpath(spec.target))}  '
-           '(* = the paper\'s gamma for this row; paper columns from Table 2/3)')
-  try:
-    from rich.console import Console  # pylint: disable=import-outside-toplevel
-    from rich.table import Table  # pylint: disable=import-outside-toplevel
-    table = Table(title=title, show_lines=False)
-    for h in headers:
-      table.add_column(h, justify='left' if h in ('task', 'draft') else 'right')
-    for r in body:
-      table.add_row(*r)
-    Console(file=out, width=250, force_jupyter=False).print(table)
-  except ImportError:
-    print(title, file=out)
-    print(markdown(rows), file=out)
+  rows = sorted_rows(rows)
+  title = f'{pair_title(spec, rows)}; {_setting(rows)}'
+  print(console.results_table(rows, title, describe=describe), file=out)
+  legend = ("\n\n\\* = the paper's gamma for this row; paper columns from its Tables 2 and 3"
+            if any(r.get('paper_gamma') for r in rows) else '')
   os.makedirs(spec.output_dir, exist_ok=True)
-  _atomic_write(os.path.join(spec.output_dir, 'table.md'), f'# {title}\n\n{markdown(rows)}\n')
+  _atomic_write(os.path.join(spec.output_dir, 'table.md'),
+                f'# {title}\n\n{markdown(rows)}{legend}\n')
+  headers, body = table_lines(rows)
   buf = io.StringIO()
   writer = csv.writer(buf)
   writer.writerow(headers)
   writer.writerows(body)
   _atomic_write(os.path.join(spec.output_dir, 'table.csv'), buf.getvalue())
-  print(f"\nwrote {os.path.join(spec.output_dir, 'results.jsonl')}, table.csv, table.md",
-        file=out)
+  print(f"\nwrote {os.path.join(spec.output_dir, 'results.jsonl')}, table.csv, table.md "
+        '(every column)', file=out)
 
 
 def _plt():
@@ -108,98 +149,152 @@ def _plt():
   return plt
 
 
+def _draft_names(rows):
+  """draft label -> what it is ('T5 1.6M', 't5-small', 'bigram'), in table order."""
+  return {r['draft']: describe(r.get('draft_path') or r['draft']) for r in sorted_rows(rows)}
+
+
 def plots(spec, rows: list[dict[str, Any]]):
-  """speedup_vs_gamma.png (measured solid, predicted dashed) and alpha_per_draft.png."""
+  """speedup_vs_gamma.png (measured solid with the spread over repeats, predicted dashed; one
+  panel per task and temperature, shared y axis) and alpha_per_draft.png (values on the bars)."""
   if not rows:
     return
+  os.makedirs(spec.output_dir, exist_ok=True)
   plt = _plt()
+  names = _draft_names(rows)
+  title = f'{pair_title(spec, rows)}; {_setting(rows)}'
+  gammas = sorted({int(r['gamma']) for r in rows})
   groups = sorted({(r['task'], r['temperature']) for r in rows})
-  fig, axes = plt.subplots(1, len(groups), figsize=(4.5 * len(groups), 3.6), squeeze=False)
+  fig, axes = plt.subplots(1, len(groups), figsize=(1.0 + 4.2 * len(groups), 3.8), squeeze=False,
+                           sharey=True)
   for ax, (task, temp) in zip(axes[0], groups):
-    for i, draft in enumerate(sorted({r['draft'] for r in rows})):
-      pts = sorted((r['gamma'], r['speedup'], r['pred_improvement']) for r in rows
-                   if r['task'] == task and r['temperature'] == temp and r['draft'] == draft)
-      if not pts:
+    for i, (draft, name) in enumerate(names.items()):
+      cells = sorted((r for r in rows if r['task'] == task and r['temperature'] == temp
+                      and r['draft'] == draft), key=lambda r: r['gamma'])
+      if not cells:
         continue
-      g, s, p = zip(*pts)
+      g = [r['gamma'] for r in cells]
+      measured = np.array([r['speedup'] for r in cells])
+      each = [repeat_speedups(r) or [r['speedup']] for r in cells]
+      spread = np.array([[m - min(e) for m, e in zip(measured, each)],
+                         [max(e) - m for m, e in zip(measured, each)]]).clip(min=0)
       color = f'C{i}'
-      ax.plot(g, s, 'o-', color=color, label=f'{draft} measured')
-      ax.plot(g, p, 's--', color=color, alpha=0.6, label=f'{draft} predicted')
+      ax.errorbar(g, measured, yerr=spread, fmt='o-', color=color, capsize=3,
+                  label=f'{name} measured (median, min-max of repeats)')
+      ax.plot(g, [r['pred_improvement'] for r in cells], 's--', color=color, alpha=0.6,
+              label=f'{name} predicted (Theorem 3.8)')
     ax.axhline(1.0, color='grey', lw=0.8)
-    ax.set_title(f'{task}, temperature {temp:g}')
-    ax.set_xlabel('gamma')
-    ax.set_ylabel('walltime speedup')
-    ax.legend(fontsize=7)
+    ax.set_xticks(gammas)
+    ax.set_title(f'{task}, temperature {temp:g}', fontsize=9)
+    ax.set_xlabel('gamma (drafts per iteration)')
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('walltime speedup over autoregressive')
+  axes[0][0].set_ylim(bottom=0)
+  axes[0][-1].legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(os.path.join(spec.output_dir, 'speedup_vs_gamma.png'), dpi=110)
   plt.close(fig)
 
-  drafts = sorted({r['draft'] for r in rows})
-  fig, ax = plt.subplots(figsize=(1.5 + 1.2 * len(drafts) * len(groups), 3.4))
+  fig, ax = plt.subplots(figsize=(2.5 + 1.4 * len(names) * len(groups), 3.6))
   width = 0.8 / max(len(groups), 1)
   for j, (task, temp) in enumerate(groups):
     vals = []
-    for draft in drafts:
+    for draft in names:
       a = [r['alpha'] for r in rows if r['draft'] == draft and r['task'] == task
            and r['temperature'] == temp]
-      vals.append(float(np.mean(a)) if a else 0.0)
-    ax.bar(np.arange(len(drafts)) + j * width, vals, width, label=f'{task} T={temp:g}')
-  ax.set_xticks(np.arange(len(drafts)) + width * (len(groups) - 1) / 2)
-  ax.set_xticklabels(drafts)
-  ax.set_ylabel('alpha')
-  ax.set_ylim(0, 1)
-  ax.legend(fontsize=7)
+      vals.append(float(np.mean(a)) if a else np.nan)
+    bars = ax.bar(np.arange(len(names)) + j * width, vals, width, label=f'{task} T={temp:g}')
+    ax.bar_label(bars, fmt='%.2f', fontsize=8, padding=2)
+  ax.set_xticks(np.arange(len(names)) + width * (len(groups) - 1) / 2)
+  ax.set_xticklabels(list(names.values()))
+  ax.set_ylabel('alpha (mean over gamma)')
+  ax.set_ylim(0, 1.1)
+  ax.legend(fontsize=7, loc='upper right')
+  ax.set_title(f'acceptance rate alpha per draft\n{title}', fontsize=9)
   fig.tight_layout()
   fig.savefig(os.path.join(spec.output_dir, 'alpha_per_draft.png'), dpi=110)
   plt.close(fig)
 
 
 def trace_rows(trace_drafts_IxG, trace_accepted_I, tokens_L):
-  """Per iteration: (accepted draft ids, rejected draft id or None, corrected/bonus id or None)."""
+  """Per iteration: (accepted draft ids, rejected draft id or None, corrected/bonus id or None).
+
+  The committed tokens decide what is shown: once the row ends inside a block (EOS accepted, or
+  max_new_tokens reached) nothing after its last token is drawn, neither a rejected draft nor a
+  corrected token.
+  """
   rows, pos = [], 0
   for drafts_G, n in zip(trace_drafts_IxG, trace_accepted_I):
     n = int(n)
-    if n < 0 or pos >= len(tokens_L):
+    left = len(tokens_L) - pos
+    if n < 0 or left <= 0:
       break
-    accepted = [int(t) for t in drafts_G[:n]]
+    if n >= left:  # the row ended among the accepted drafts
+      rows.append(([int(t) for t in tokens_L[pos:]], None, None))
+      break
+    accepted = [int(t) for t in tokens_L[pos:pos + n]]
     rejected = int(drafts_G[n]) if n < len(drafts_G) else None
-    fixed = int(tokens_L[pos + n]) if pos + n < len(tokens_L) else None
-    rows.append((accepted, rejected, fixed))
+    rows.append((accepted, rejected, int(tokens_L[pos + n])))
     pos += n + 1
   return rows
 
 
+_CHAR_IN = 0.0667   # width of one 8-pt monospace character, inches
+_PREFIX_CHARS = 56  # committed text shown before each row's drafts
+
+
 def trace_picture(spec, task, label, tokenizer, trace_drafts_IxG, trace_accepted_I, tokens_L, *,
                   gamma, temperature):
-  """The paper's Figure 1 for one prompt: accepted drafts green, rejected red, corrected blue."""
+  """The paper's Figure 1 for one prompt: accepted drafts green, rejected red, corrected blue.
+
+  Laid out on a character grid (x in monospace characters), so the committed text ends exactly
+  where each row's drafts begin and the figure is as wide as its longest row.
+  """
+  from matplotlib.patches import Patch  # pylint: disable=import-outside-toplevel
   rows = trace_rows(trace_drafts_IxG, trace_accepted_I, tokens_L)
   piece = lambda t: tokenizer.convert_ids_to_tokens(int(t)).replace('\u2581', ' ')
-  plt = _plt()
-  fig, ax = plt.subplots(figsize=(12, 0.34 * len(rows) + 0.8))
-  ax.axis('off')
-  committed, y = '', 0
+  lines, committed = [], ''
   for accepted, rejected, fixed in rows:
-    x = 0.0
-    prefix = committed[-40:]
-    ax.text(x, -y, prefix, fontsize=8, family='monospace', color='black', va='center')
-    x += 0.0062 * len(prefix) + 0.01
     segments = [(piece(t), '#c8f0c8') for t in accepted]
     if rejected is not None:
       segments.append((piece(rejected), '#f6c6c6'))
     if fixed is not None:
       segments.append((piece(fixed), '#c6d8f6'))
-    for text, color in segments:
-      ax.text(x, -y, text, fontsize=8, family='monospace', va='center',
-              bbox=dict(facecolor=color, edgecolor='none', pad=1.5))
-      x += 0.0062 * max(len(text), 1) + 0.012
+    lines.append((committed[-_PREFIX_CHARS:], segments))
     committed += ''.join(piece(t) for t in accepted) + (piece(fixed) if fixed is not None else '')
-    y += 1
-  ax.set_xlim(0, 1)
-  ax.set_ylim(-y, 1)
-  ax.set_title(f'{task}: {label} drafts for {os.path.basename(os.path.normpath(spec.target))}, '
-               f'gamma={gamma}, T={temperature:g}: {len(rows)} target calls for {len(tokens_L)} '
-               'tokens (green accepted, red rejected, blue corrected/bonus)', fontsize=9)
-  fig.tight_layout()
+  prefix_w = max([len(p) for p, _ in lines] + [1])
+  chars = prefix_w + 1 + max([sum(len(t) + 1 for t, _ in seg) for _, seg in lines] + [10])
+  # Inches: margins, title and legend bands, one band per row; x is in characters throughout.
+  margin, top, bottom, row_h = 0.25, 0.6, 0.4, 0.26
+  width = max(7.5, chars * _CHAR_IN + 2 * margin)
+  height = top + bottom + row_h * max(len(lines), 1)
+  plt = _plt()
+  fig = plt.figure(figsize=(width, height))
+  ax = fig.add_axes([margin / width, bottom / height, 1 - 2 * margin / width,
+                     1 - (top + bottom) / height])
+  ax.axis('off')
+  text = dict(fontsize=8, family='monospace', va='center')
+  x0 = ((width - 2 * margin) / _CHAR_IN - chars) / 2  # centred when narrower than the figure
+  for y, (prefix, segments) in enumerate(lines):
+    ax.text(x0 + prefix_w, -y, prefix, ha='right', color='#555555', **text)
+    x = x0 + prefix_w + 1
+    for token, color in segments:
+      shown = token.lstrip(' ') or token
+      x += len(token) - len(shown)  # a word's leading space is a gap, not part of the box
+      ax.text(x, -y, shown, ha='left', bbox=dict(facecolor=color, edgecolor='none', pad=1.2),
+              **text)
+      x += len(shown) + 1
+  ax.set_xlim(0, (width - 2 * margin) / _CHAR_IN)
+  ax.set_ylim(-len(lines) + 0.5, 0.5)
+  draft = describe(next((d for d in spec.drafts if spec.draft_label(d) == label), label))
+  ax.set_title(f'{task}, first prompt: {draft} draft proposing for the {describe(spec.target)} '
+               f'target (gamma={gamma}, T={temperature:g})\n{len(rows)} target calls for '
+               f'{len(tokens_L)} tokens; one row per target call', fontsize=9)
+  ax.legend(handles=[Patch(color='#c8f0c8', label='accepted draft'),
+                     Patch(color='#f6c6c6', label='rejected draft'),
+                     Patch(color='#c6d8f6', label='corrected / bonus (target)')],
+            loc='upper center', bbox_to_anchor=(0.5, 0.0), ncol=3, fontsize=8, frameon=False)
   path = os.path.join(spec.output_dir, f'trace_{task}_{label}.png')
   os.makedirs(spec.output_dir, exist_ok=True)
   fig.savefig(path, dpi=110)

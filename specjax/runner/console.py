@@ -1,0 +1,127 @@
+"""What the runner prints: a quiet start and a compact results table that fits the terminal.
+
+`quiet()` silences start-up lines that say nothing about the run (absl's INFO about a missing
+libtpu, transformers' "PyTorch was not found", matplotlib's font-cache notice); call it before
+those libraries are imported or initialised. `results_table(rows)` keeps only the columns that
+carry information (a column with one value for every row moves into the title; empty paper
+columns and legends with nothing to explain are left out) and drops the least important columns
+while the table is wider than the terminal. table.csv / table.md keep every column.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+# Start-up chatter to silence: logger name -> the level from which it still speaks.
+_QUIET_LOGGERS = {
+    'jax._src.xla_bridge': logging.WARNING,      # "Unable to initialize backend 'tpu'" (INFO)
+    'matplotlib.font_manager': logging.ERROR,    # "Matplotlib is building the font cache"
+}
+
+
+def quiet():
+  """Environment and logger levels that keep the default run's output to the run itself."""
+  os.environ.setdefault('TRANSFORMERS_NO_ADVISORY_WARNINGS', '1')  # "PyTorch was not found"
+  os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')               # XLA's C++ INFO lines
+  for name, level in _QUIET_LOGGERS.items():
+    logging.getLogger(name).setLevel(level)
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def _x(value):
+  return f'{value:.2f}X'
+
+
+def _pair(a, b, fmt, sep=' / '):
+  return f'{fmt.format(a)}{sep}{fmt.format(b)}'
+
+
+def _quality(row):
+  qb, qs = row.get('quality_baseline') or {}, row.get('quality_speculative') or {}
+  key = 'bleu' if 'bleu' in qb else 'rougeL'
+  return (key, qb[key], qs[key]) if key in qb and key in qs else None
+
+
+def _columns(rows, describe):
+  """(header, cell function, priority, right-aligned) in display order; higher priority stays
+  longer when the terminal is narrow."""
+  metric = {q[0] for q in map(_quality, rows) if q}
+  metric_name = {'bleu': 'BLEU', 'rougeL': 'ROUGE-L'}.get(next(iter(metric)), '') if len(metric) == 1 else 'quality'
+  greedy = any(float(r['temperature']) == 0.0 for r in rows)
+  marked = any(r.get('paper_gamma') for r in rows)
+
+  def quality(r):
+    q = _quality(r)
+    if not q:
+      return '-'
+    return (f'{q[1]:.1f}/{q[2]:.1f}' if len(metric) == 1 else f'{q[0]} {q[1]:.1f}/{q[2]:.1f}')
+
+  def same(r):
+    if float(r['temperature']) != 0.0:
+      return '-'
+    return 'yes' if r.get('identical_to_baseline') else 'NO'
+
+  cols = [
+      ('task', lambda r: r['task'], 9, False),
+      ('draft', lambda r: describe(r.get('draft_path') or r['draft']), 9, False),
+      ('T', lambda r: f"{float(r['temperature']):g}", 10, True),
+      ('gamma', lambda r: f"{r['gamma']}{'*' if marked and r.get('paper_gamma') else ''}", 10, True),
+      ('alpha', lambda r: f"{r['alpha']:.2f}", 8, True),
+      ('c', lambda r: f"{r['c']:.3f}", 6, True),
+      ('tok/call (pred)', lambda r: f"{r['tokens_per_target_call']:.2f} "
+                                    f"({r['tokens_per_target_call_pred']:.2f})", 7, True),
+      ('speedup (pred)', lambda r: f"{_x(r['speedup'])} ({_x(r['pred_improvement'])})", 8, True),
+      ('base / spec s', lambda r: _pair(r['baseline_s'], r['speculative_s'], '{:.3f}'), 4, True),
+      (f'{metric_name} base/spec', quality, 3, True),
+  ]
+  if greedy:
+    cols.append(('same tokens', same, 5, True))
+  if any(r.get('paper_alpha') is not None for r in rows):
+    cols.append(('paper alpha', lambda r: '-' if r.get('paper_alpha') is None
+                 else f"{r['paper_alpha']:.2f}", 2, True))
+  if any(r.get('paper_speedup') is not None for r in rows):
+    cols.append(('paper speedup', lambda r: '-' if r.get('paper_speedup') is None
+                 else f"{r['paper_speedup']:.1f}X", 1, True))
+  return cols
+
+
+def _render(headers, body, right):
+  widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(headers)]
+  align = lambda text, i: text.rjust(widths[i]) if right[i] else text.ljust(widths[i])
+  lines = ['  '.join(align(h, i) for i, h in enumerate(headers)).rstrip(),
+           '  '.join('-' * w for w in widths)]
+  lines += ['  '.join(align(c, i) for i, c in enumerate(r)).rstrip() for r in body]
+  return lines
+
+
+def results_table(rows, title: str, describe=lambda name: name, width: int | None = None) -> str:
+  """The compact terminal table of sorted `rows` (results.jsonl records) under `title`."""
+  width = width or shutil.get_terminal_size((100, 24)).columns
+  cols = _columns(rows, describe)
+  cells = [[fn(r) for r in rows] for _, fn, _, _ in cols]
+  constant = [h for (h, _, _, _), values in zip(cols, cells)
+              if len(rows) > 1 and len(set(values)) == 1 and h in ('task', 'draft', 'c')]
+  facts = [f'{h} {values[0]}' for (h, _, _, _), values in zip(cols, cells)
+           if h in constant and h != 'draft']
+  keep = [i for i, (h, _, _, _) in enumerate(cols) if h not in constant]
+  dropped = []
+  while True:
+    headers = [cols[i][0] for i in keep]
+    body = [[cells[i][j] for i in keep] for j in range(len(rows))]
+    lines = _render(headers, body, [cols[i][3] for i in keep])
+    if len(lines[0]) <= width and all(len(line) <= width for line in lines) or len(keep) <= 4:
+      break
+    lowest = min(keep, key=lambda i: cols[i][2])
+    dropped.append(cols[lowest][0])
+    keep.remove(lowest)
+  head = title + (f" ({', '.join(facts)})" if facts else '')
+  notes = []
+  if any(r.get('paper_gamma') for r in rows) and 'gamma' in headers:
+    notes.append("* = the paper's gamma for this row; paper columns from its Tables 2 and 3")
+  if dropped:
+    notes.append(f"left out for the terminal width: {', '.join(dropped)} (all in table.md)")
+  return '\n'.join([head, *lines, *notes])
