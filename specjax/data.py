@@ -32,6 +32,8 @@ import socket
 from pathlib import Path
 from urllib.parse import urlparse
 
+from specjax.errors import ConfigError
+
 ASSETS_DIR = Path(__file__).resolve().parent / 'assets'
 SOURCES = ('bible_en_es',)
 SPLITS = ('train', 'dev', 'test')
@@ -48,14 +50,9 @@ class TaskUnavailableError(RuntimeError):
   """A task's data cannot be had here (no `datasets`, or offline and not cached)."""
 
 
-try:  # the runner reports a ConfigError as one line with exit code 2
-  from specjax.errors import ConfigError as _BadInput
-except ImportError:  # pragma: no cover - older layout
-  _BadInput = ValueError
-
-
-class DataError(_BadInput):
-  """A local data file is unusable; the message is one line naming the file (and line, field)."""
+class DataError(ConfigError):
+  """A local data file is unusable; the message is one line naming the file (and line, field).
+  A ConfigError, so the runner reports it as one line with exit code 2."""
 
 
 @dataclasses.dataclass(frozen=True)
