@@ -1,7 +1,9 @@
 """The Colab notebook runs headless on CPU with the shipped tiny pair (its TPU part switched off)."""
 
+import glob
 import os
 import pathlib
+import tempfile
 
 import nbformat
 from nbclient import NotebookClient
@@ -14,9 +16,12 @@ def test_colab_notebook_executes(tmp_path, monkeypatch):
   monkeypatch.setenv('SPECJAX_NOTEBOOK_CI', '1')
   monkeypatch.setenv('JAX_PLATFORMS', 'cpu')
   monkeypatch.setenv('PYTHONPATH', str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''))
+  leftovers = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), 'specjax_*')))
+  before = leftovers()
   client = NotebookClient(nb, timeout=900, kernel_name='python3',
                           resources={'metadata': {'path': str(tmp_path)}})
-  client.execute()
+  client.execute()  # and shuts the kernel down
+  assert leftovers() <= before, 'the notebook left its results folder behind'
   text = '\n'.join(o.get('text', '') for c in nb.cells if c.cell_type == 'code'
                    for o in c.get('outputs', []) if o.get('output_type') == 'stream')
   assert 'tok/call' in text  # the results table was printed
