@@ -4,14 +4,13 @@ import json
 import os
 import sys
 
-import jax
 import pytest
 
+from specjax import testing
+from specjax.data import bible_tokenizer
 from specjax.runner import config as config_lib
 from specjax.runner import experiment
-from specjax.models.checkpoints import save_t5
-from specjax.data import bible_tokenizer
-from specjax.models.t5 import T5Config, T5Model, init_params
+from specjax.runner import results as results_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -22,15 +21,7 @@ from configs import tiny  # pylint: disable=wrong-import-position
 def pair_dir(tmp_path_factory):
   """A random target and a noisy copy as draft, with the shipped Bible tokenizer (vocab 4000)."""
   root = tmp_path_factory.mktemp('pair')
-  tok = bible_tokenizer()
-  cfg = T5Config(vocab_size=len(tok), d_model=32, d_kv=8, d_ff=64, num_layers=1,
-                 num_decoder_layers=2, num_heads=4, gated=True, tie_word_embeddings=False,
-                 scale_logits=False)
-  params = init_params(cfg, jax.random.PRNGKey(0))
-  save_t5(T5Model(params, cfg), root / 'target', tok)
-  noisy = jax.tree.map(lambda x: x + 0.02 * jax.random.normal(jax.random.PRNGKey(1), x.shape),
-                       params)
-  save_t5(T5Model(noisy, cfg), root / 'draft', tok)
+  testing.write_random_pair(root, bible_tokenizer())
   return root
 
 
@@ -101,8 +92,58 @@ def test_padding_rows_do_not_enter_statistics(pair_dir, tmp_path):
 
 
 def test_results_lines_are_json(pair_dir, tmp_path):
-  rf = experiment.ResultsFile(str(tmp_path / 'r' / 'results.jsonl'))
+  rf = results_lib.ResultsFile(str(tmp_path / 'r' / 'results.jsonl'))
   rf.append({'task': 't', 'draft': 'd', 'temperature': 0.0, 'gamma': 1})
   rf.append({'task': 't', 'draft': 'd', 'temperature': 1.0, 'gamma': 1})
   assert [json.loads(l)['temperature'] for l in open(rf.path)] == [0.0, 1.0]
   assert rf.done_keys() == {('t', 'd', 0.0, 1), ('t', 'd', 1.0, 1)}
+
+
+def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_path, monkeypatch,
+                                                                capsys):
+  """A stored cell is reused only under the settings it was computed with; tables show only cells
+  of the current settings; going back to old settings resumes the old rows."""
+  data = tmp_path / 'verses.jsonl'
+  data.write_text('{"source": "In the beginning", "reference": "En el principio"}\n'
+                  '{"source": "And God said", "reference": "Y dijo Dios"}\n')
+  base = dict(gammas=(2,), plots=False, num_examples=2, max_new_tokens=4, repeats=1)
+  calls = []
+  real_run_cell = experiment.run_cell
+
+  def counting(*args, **kwargs):
+    calls.append(args[1:3])
+    return real_run_cell(*args, **kwargs)
+
+  monkeypatch.setattr(experiment, 'run_cell', counting)
+  monkeypatch.setattr(experiment.metrics, 'measure_c', lambda *a, **k: 0.1)
+
+  def run(**changes):
+    calls.clear()
+    rows = experiment.run(_spec(pair_dir, tmp_path / 'out', **{**base, **changes}))
+    return rows, len(calls), capsys.readouterr().out
+
+  rows, n, _ = run()
+  assert n == 1 and rows[0]['examples'] == 2
+  rows, n, out = run()
+  assert n == 0 and 'resuming: 1 of 1 cells' in out  # unchanged: resumes
+  for change, field in ((dict(num_examples=3), 'num_examples'),
+                        (dict(max_new_tokens=6), 'max_new_tokens'),
+                        (dict(mesh_shape=(1, 1)), 'mesh_shape'),
+                        (dict(local_data=str(data)), 'local_data')):
+    rows, n, out = run(**change)
+    assert n == 1, change  # recomputed, not resumed
+    assert f'settings changed since stored results ({field}' in out or f', {field}' in out, out
+    assert len(rows) == 1 and rows[0]['settings'][field] == (
+        results_lib.path_identity(str(data), hash_contents=True) if field == 'local_data'
+        else list(change[field]) if field == 'mesh_shape' else change[field])
+  assert rows[0]['examples'] == 2 and rows[0]['max_new_tokens'] == 4
+  table = (tmp_path / 'out' / 'table.csv').read_text()
+  assert len([l for l in table.splitlines() if l.strip()]) == 2  # header + the current cell only
+  # The data file edited in place (same path): its content hash changes, so it recomputes.
+  data.write_text('{"source": "Let there be light", "reference": "Sea la luz"}\n'
+                  '{"source": "And God said", "reference": "Y dijo Dios"}\n')
+  _, n, _ = run(local_data=str(data))
+  assert n == 1
+  _, n, out = run(num_examples=3)  # settings seen before: their row is resumed
+  assert n == 0 and 'resuming: 1 of 1 cells' in out
+  assert len((tmp_path / 'out' / 'results.jsonl').read_text().splitlines()) == 6
