@@ -21,56 +21,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # ------------------------------------------------------------------------ tiny HF T5 checkpoints
 
-# Deliberately awkward sizes: heads * d_kv != d_model, more decoder than encoder layers, and
-# max_distance below the long-sequence test lengths (~40) so the log buckets saturate.
-T5_ORIGINAL_KW = dict(vocab_size=96, d_model=32, d_kv=8, num_heads=6, d_ff=64, num_layers=2,
-                      num_decoder_layers=3, relative_attention_num_buckets=32,
-                      relative_attention_max_distance=20, feed_forward_proj='relu')
-T5_V11_KW = dict(vocab_size=80, d_model=32, d_kv=8, num_heads=5, d_ff=64, num_layers=2,
-                 num_decoder_layers=3, relative_attention_num_buckets=8,
-                 relative_attention_max_distance=24, feed_forward_proj='gated-gelu',
-                 tie_word_embeddings=False)
-
-
-def _quiet_transformers():
-  import transformers
-  transformers.logging.set_verbosity_error()
-  transformers.logging.disable_progress_bar()
-
-
-def _spread_out_(model, seed):
-  """Re-initialises every parameter so that bugs show in the logits.
-
-  HF's default init has all norm weights == 1 (a missing norm multiply goes unnoticed), tiny
-  relative biases and near-uniform attention. Here: norm weights U(0.5, 1.5), relative-attention
-  tables N(0, 1), embeddings N(0, 1), every Linear N(0, 1/fan_in) (activations stay O(1), so
-  attention is neither uniform nor one-hot), and the logits spread over many tokens.
-  """
-  import torch
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():  # tied parameters are listed once
-      if name.endswith('layer_norm.weight'):
-        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-      elif 'relative_attention_bias' in name or name == 'shared.weight':
-        p.copy_(torch.randn(p.shape, generator=gen))
-      else:
-        p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
+from specjax.testing import HF_ORIGINAL_KW as T5_ORIGINAL_KW  # pylint: disable=wrong-import-position
+from specjax.testing import HF_V11_KW as T5_V11_KW  # pylint: disable=wrong-import-position
 
 
 def _build_and_save(directory, kw, seed, untie):
-  import torch
   from safetensors import safe_open
-  from transformers import T5Config, T5ForConditionalGeneration
-  _quiet_transformers()
-  config = T5Config(dropout_rate=0.0, **kw)
-  model = T5ForConditionalGeneration(config).eval()
-  _spread_out_(model, seed)
-  if untie:
-    gen = torch.Generator().manual_seed(seed + 1)
-    head = torch.randn(model.lm_head.weight.shape, generator=gen) / config.d_model ** 0.5
-    model.lm_head.weight = torch.nn.Parameter(head)
-  model.save_pretrained(directory)
+  from specjax.testing import save_hf_t5
+  model = save_hf_t5(directory, kw, seed, untie)
   with safe_open(os.path.join(directory, 'model.safetensors'), 'pt') as f:
     keys = set(f.keys())
   assert ('lm_head.weight' in keys) == untie, sorted(keys)
