@@ -152,6 +152,21 @@ def test_gate_refuses_a_loaded_start():
   assert e.value.code == 3 and '1-min load average 1.10' in str(e.value)
 
 
+def test_gate_waits_for_a_quiet_machine():
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  loads = iter([3.0, 2.0, 0.5, 0.5])
+  take = lambda: machine.Snapshot(wall_s=0.0, loadavg=(next(loads),) * 3, cores=2,  # noqa: E731
+                                  busy_s=None, steal_s=None, own_s=0.0)
+  gate = machine.Gate(take=take)
+  waits = []
+  gate.wait_quiet(60, poll_s=0, log=waits.append)
+  assert len(waits) == 2 and not gate.check_start()['loaded']
+  gate = machine.Gate(take=lambda: machine.Snapshot(0.0, (3.0,) * 3, 2, None, None, 0.0))
+  gate.wait_quiet(0, log=waits.append)  # no time to wait: still loaded, refused
+  with pytest.raises(machine.LoadedMachine):
+    gate.check_start()
+
+
 def test_gate_refuses_others_during_the_run():
   from specjax.runner import machine  # pylint: disable=import-outside-toplevel
   gate = machine.Gate(take=_fake_snapshots(load1=0.2, others=0.25))

@@ -164,8 +164,11 @@ class Gate:
   def wait_quiet(self, seconds: float, poll_s: float = 10.0, log=print) -> None:
     """Waits up to `seconds` for the 1-minute load average to fall under the limit."""
     deadline = time.monotonic() + seconds
-    while assess(self.start, limits=self.limits)['loaded'] and time.monotonic() < deadline:
-      log(f'waiting for a quiet machine: {describe(assess(self.start, limits=self.limits))}')
+    while time.monotonic() < deadline:
+      rec = assess(self.start, limits=self.limits)
+      if not rec['loaded']:
+        return
+      log(f"waiting for a quiet machine: {'; '.join(rec['reasons'])}")
       time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
       self.start = self._take()
 
