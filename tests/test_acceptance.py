@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from chi2 import chi2_pvalue  # tests/chi2.py
-from specjax.decoding.acceptance import accept_prefix, alpha_terms, residual, verify
+from specjax.decoding.acceptance import accept_prefix, alpha_terms, out_of_range, residual, verify
 from specjax.decoding.sampling import Sampling, has_nan, probs, sample
 
 # ---------------------------------------------------------------------------
@@ -109,8 +109,8 @@ def num_accepted_law():
 # Broken verify functions (negative controls)
 
 
-def verify_always_accept(key, draft_tokens_G, q_GxV, p_G1xV):
-  n = jnp.int32(draft_tokens_G.shape[0])
+def verify_always_accept(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
+  n = jnp.int32(draft_tokens_G.shape[0]) if n is None else n
   return n, sample(key, p_G1xV[n])
 
 
@@ -124,15 +124,15 @@ def _verify_with(key, draft_tokens_G, q_GxV, p_G1xV, rejection_dist, bonus_row):
   return n, sample(key_next, dist_V)
 
 
-def verify_residual_is_p(key, d, q, p):
+def verify_residual_is_p(key, d, q, p, n=None):
   return _verify_with(key, d, q, p, lambda p_V, q_V: p_V, q.shape[0])
 
 
-def verify_replacement_from_q(key, d, q, p):
+def verify_replacement_from_q(key, d, q, p, n=None):
   return _verify_with(key, d, q, p, lambda p_V, q_V: q_V, q.shape[0])
 
 
-def verify_bonus_dropped(key, d, q, p):
+def verify_bonus_dropped(key, d, q, p, n=None):
   """Off-by-one bonus: after G accepts, samples p_{G-1} instead of p_G."""
   return _verify_with(key, d, q, p, residual, q.shape[0] - 1)
 
@@ -378,3 +378,25 @@ def test_sample_frequencies():
   pv = chi2_pvalue(counts, pr_V)
   print(f'sample() p-value {pv:.4g}')
   assert pv > 1e-3
+
+
+# ---------------------------------------------------------------------------
+# Draft ids out of range (precondition 0 <= id < V)
+
+
+def test_out_of_range_draft_is_never_accepted_and_flagged():
+  # Without the check, id -1 indexes row V-1 (accepted when q and p agree there) and is emitted.
+  v, g = 4, 3
+  onehot_GxV = jnp.zeros((g, v)).at[:, v - 1].set(1.0)
+  p_G1xV = jnp.zeros((g + 1, v)).at[:, v - 1].set(1.0)
+  for bad in (-1, v, v + 7):
+    drafts_G = jnp.array([bad, v - 1, v - 1], jnp.int32)
+    for seed in range(3):
+      m, nxt = verify(jax.random.key(seed), drafts_G, onehot_GxV, p_G1xV)
+      assert int(m) == 0 and int(nxt) == v - 1, (bad, m, nxt)
+    # A bad id after the proposal's end is padding: not flagged; inside it: flagged.
+    assert bool(out_of_range(drafts_G[None], jnp.array([1]), v))
+    assert not bool(out_of_range(drafts_G[None, ::-1], jnp.array([2]), v))
+  # Accepted up to the bad id, then the target's token.
+  m, _ = verify(jax.random.key(0), jnp.array([v - 1, -1, v - 1]), onehot_GxV, p_G1xV)
+  assert int(m) == 1

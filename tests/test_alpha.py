@@ -18,7 +18,7 @@ import pytest
 import scipy.stats
 from flax import struct
 
-from specjax.decoding import acceptance
+from specjax.decoding import acceptance, protocol
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.loop import speculative_decode
 from specjax.models.t5 import T5Config, T5Model, init_params
@@ -59,18 +59,23 @@ class StubDraft:
   """A draft (specjax.decoding.drafts interface) proposing i.i.d. tokens from probs(logits_V, sampling)."""
   logits_V: jax.Array
 
+  @property
+  def vocab_size(self):
+    return self.logits_V.shape[0]
+
   def init(self, input_ids_BxS, max_len):
     return jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
 
-  def calls_per_proposal(self, gamma):
-    return gamma
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
 
-  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling):
+  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
     b, v = seq_BxN.shape[0], self.logits_V.shape[0]
     q_BxGxV = jnp.broadcast_to(sampling_lib.probs(self.logits_V, sampling), (b, gamma, v))
     keys_BxG = jax.vmap(lambda k: jax.random.split(k, gamma))(keys_B)
     draft_BxG = jax.vmap(jax.vmap(sampling_lib.sample))(keys_BxG, q_BxGxV)
-    return draft_BxG, q_BxGxV, state
+    n_B = protocol.cut(stop, draft_BxG, q_BxGxV, limit_B)
+    return protocol.Proposal(draft_BxG, q_BxGxV, n_B, jnp.max(n_B), state)
 
 
 V = 8
@@ -186,16 +191,16 @@ def test_iid_acceptance_matches_closed_forms(gamma):
   assert abs(mean - wrong) > 10 * se, (gamma, mean, wrong, se)
 
 
-def verify_dropped_bonus(key, draft_tokens_G, q_GxV, p_G1xV):
+def verify_dropped_bonus(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
   """When all G drafts pass, emit them without the bonus token (n = G-1, next = draft[G-1]).
 
   The output law is still exact (see test_exactness.py), but tokens per call drop to
   (1 - alpha^G) / (1 - alpha): only the acceptance statistics can see this bug.
   """
   g = draft_tokens_G.shape[0]
-  n, nxt = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV)
-  full = n == g
-  return jnp.where(full, g - 1, n), jnp.where(full, draft_tokens_G[g - 1], nxt)
+  m, nxt = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV, n)
+  full = m == g
+  return jnp.where(full, g - 1, m), jnp.where(full, draft_tokens_G[g - 1], nxt)
 
 
 def test_dropped_bonus_is_detected_by_tokens_per_call():

@@ -30,6 +30,7 @@ from flax import struct
 from chi2 import chi2_pvalue  # tests/chi2.py
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.loop import autoregressive_decode, speculative_decode
+from specjax.decoding.protocol import Proposal
 from specjax.decoding.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_unigram, load_ngram,
                             save_ngram)
 from specjax.models.t5 import T5Config, T5Model, init_params
@@ -43,17 +44,21 @@ class MislabeledDraft:
   inner: object
   report_log_probs_V: jax.Array
 
+  @property
+  def vocab_size(self):
+    return self.inner.vocab_size
+
   def init(self, input_ids_BxS, max_len):
     return self.inner.init(input_ids_BxS, max_len)
 
-  def calls_per_proposal(self, gamma):
-    return 0
+  def commit(self, state, seq_BxN, lengths_B):
+    return self.inner.commit(state, seq_BxN, lengths_B)
 
-  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling):
-    draft_BxG, q_BxGxV, state = self.inner.propose(state, seq_BxN, lengths_B, keys_B, gamma,
-                                                   sampling)
+  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
+    prop = self.inner.propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling, stop=stop,
+                              limit_B=limit_B)
     q_V = sampling_lib.probs(self.report_log_probs_V, sampling)
-    return draft_BxG, jnp.broadcast_to(q_V, q_BxGxV.shape), state
+    return prop.replace(q_BxGxV=jnp.broadcast_to(q_V, prop.q_BxGxV.shape))
 
 
 @struct.dataclass
@@ -66,18 +71,23 @@ class OneOf:
   drafts: tuple
   which: jax.Array
 
+  @property
+  def vocab_size(self):
+    return self.drafts[0].vocab_size
+
   def init(self, input_ids_BxS, max_len):
     return tuple(d.init(input_ids_BxS, max_len) for d in self.drafts)
 
-  def calls_per_proposal(self, gamma):
-    return 0
+  def commit(self, state, seq_BxN, lengths_B):
+    return tuple(d.commit(s, seq_BxN, lengths_B) for d, s in zip(self.drafts, state))
 
-  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling):
-    outs = [d.propose(s, seq_BxN, lengths_B, keys_B, gamma, sampling)
+  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
+    outs = [d.propose(s, seq_BxN, lengths_B, keys_B, gamma, sampling, stop=stop, limit_B=limit_B)
             for d, s in zip(self.drafts, state)]
-    draft_BxG = jnp.stack([o[0] for o in outs])[self.which]
-    q_BxGxV = jnp.stack([o[1] for o in outs])[self.which]
-    return draft_BxG, q_BxGxV, tuple(o[2] for o in outs)
+    pick = lambda *xs: jnp.stack(xs)[self.which]  # noqa: E731
+    return Proposal(pick(*[o.tokens_BxG for o in outs]), pick(*[o.q_BxGxV for o in outs]),
+                    pick(*[o.n_B for o in outs]), pick(*[o.passes for o in outs]),
+                    tuple(o.state for o in outs))
 
 
 def _padded(rows, width=16):
@@ -438,3 +448,25 @@ def test_prompt_lookup_copies_source(copy_target):
   assert int(np.sum(stats.accepted)) > 0
   assert int(np.sum(stats.accepted)) >= int(np.sum(ref.lengths)) // 2
   assert stats.draft_calls == 0
+
+
+# ----------------------------------------------------------------------------- the docs' example
+
+
+def test_example_draft_exact_under_sampling(target, target_logits):
+  """docs/extending.md's SourceBigramDraft (rows stop early where the source chain ends): the
+  target's law, and the same draft reporting a wrong q is rejected."""
+  from specjax.decoding.examples import SourceBigramDraft  # pylint: disable=import-outside-toplevel
+  counts, out = run_first3(target, SourceBigramDraft(V), SAMPLING_PL, gamma=3, seed=14)
+  pvalue = chi2_pvalue(counts, exact_law(target_logits, SAMPLING_PL))
+  print(f'example draft chi2 p = {pvalue:.4g}; {out.stats.summary()}')
+  assert pvalue > 1e-3
+  hist = np.asarray(out.stats.proposed_hist).sum(0)
+  assert hist[0] > 0 and hist[3] > 0 and hist[1:3].sum() > 0, hist  # rows stop early, per row
+  assert 0 < out.stats.acceptance_rate < 1
+  _check_alpha_is_acceptance(out)
+  broken = MislabeledDraft(inner=SourceBigramDraft(V), report_log_probs_V=jnp.zeros(V))
+  counts, _ = run_first3(target, broken, SAMPLING_PL, gamma=3, seed=14)
+  pvalue = chi2_pvalue(counts, exact_law(target_logits, SAMPLING_PL))
+  print(f'example draft negative control chi2 p = {pvalue:.4g}')
+  assert pvalue < 1e-6

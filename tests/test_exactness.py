@@ -114,27 +114,31 @@ def test_first_three_tokens_follow_target_law(name):
 
 # ----------------------------------------------------------------------------- negative controls
 # Module-level (hashable, stable) functions with acceptance.verify's signature:
-# (key, draft_tokens_G, q_GxV, p_G1xV) -> (n_accepted, next_token).
+# (key, draft_tokens_G, q_GxV, p_G1xV, n) -> (m accepted, next_token); n = proposed drafts.
 
 
-def verify_always_accept(key, draft_tokens_G, q_GxV, p_G1xV):
-  """(a) Accepts every draft, then a bonus token from p_G: the output drifts towards q."""
-  n = jnp.int32(draft_tokens_G.shape[0])
+def _proposed(draft_tokens_G, n):
+  return jnp.int32(draft_tokens_G.shape[0]) if n is None else n
+
+
+def verify_always_accept(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
+  """(a) Accepts every draft, then a bonus token from p_n: the output drifts towards q."""
+  n = _proposed(draft_tokens_G, n)
   return n, sample(key, p_G1xV[n])
 
 
-def verify_residual_is_p(key, draft_tokens_G, q_GxV, p_G1xV):
+def verify_residual_is_p(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
   """(b) Correct acceptance, but a rejected position resamples from p instead of the residual."""
-  n, _ = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV)
-  return n, sample(jax.random.fold_in(key, 1), p_G1xV[n])
+  m, _ = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV, n)
+  return m, sample(jax.random.fold_in(key, 1), p_G1xV[m])
 
 
-def verify_bonus_from_last_draft_row(key, draft_tokens_G, q_GxV, p_G1xV):
-  """(c') After a full acceptance the bonus token is drawn from p_{G-1} (the last draft's row)."""
-  g = draft_tokens_G.shape[0]
-  n, nxt = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV)
-  wrong = sample(jax.random.fold_in(key, 2), p_G1xV[g - 1])
-  return n, jnp.where(n == g, wrong, nxt)
+def verify_bonus_from_last_draft_row(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
+  """(c') After a full acceptance the bonus token is drawn from p_{n-1} (the last draft's row)."""
+  n = _proposed(draft_tokens_G, n)
+  m, nxt = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV, n)
+  wrong = sample(jax.random.fold_in(key, 2), p_G1xV[jnp.maximum(n - 1, 0)])
+  return m, jnp.where(m == n, wrong, nxt)
 
 
 # The "dropped bonus token" (when all G are accepted, return n = G-1, next = draft[G-1]) is NOT a

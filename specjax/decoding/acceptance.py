@@ -1,12 +1,23 @@
 """Exact speculative-sampling acceptance rule (Leviathan et al., ICML 2023, Alg. 1).
 
-Shapes: G gamma (drafted tokens), G1 = G + 1 (target rows incl. the bonus row), V vocab.
+Shapes: B batch, G the block width (drafted slots), G1 = G + 1 (target rows incl. the bonus row),
+V vocab.
 
-All functions act on ONE sequence; callers `jax.vmap` over the batch (with one key
-per sequence).  q_GxV are the draft's processed distributions at the G drafted
-positions, p_G1xV the target's at the same positions plus one bonus row, both
-from `specjax.decoding.sampling.probs` with the same `Sampling`.  Everything is float32
-and free of Python control flow on traced values, so it jits and vmaps.
+`verify` and friends act on ONE sequence; callers `jax.vmap` over the batch (with one key per
+sequence). q_GxV are the draft's processed distributions at the G drafted slots, p_G1xV the
+target's at the same positions plus one bonus row, both from `specjax.decoding.sampling.probs`
+with the same `Sampling`. Only the first n slots were proposed (n = G when not given): slots >= n
+are never accepted and the corrected / bonus token comes from p[n]. Everything is float32 and free
+of Python control flow on traced values, so it jits and vmaps.
+
+Precondition: draft ids lie in [0, V). An out-of-range id is never accepted (so never emitted);
+the loop flags it (`out_of_range`) and `speculative_decode` raises a ValueError after the call.
+
+`VERIFIERS` names the exact verification rules `speculative_decode(..., verifier=NAME)` selects.
+Each takes (key, draft_tokens_G, q_GxV, p_G1xV, n) and returns (accepted m in [0, n], next token),
+and must reduce to argmax matching at temperature 0: in greedy mode the loop runs the batched
+`verify_greedy_batch` instead (no RNG, no [B, G1, V] probabilities). `verify_batch` is that
+dispatch.
 
 Greedy limit: with temperature 0, p and q are exact one-hots, so
 u * q_i(x_i) < p_i(x_i) holds iff x_i == argmax p_i (for every u in [0, 1)),
@@ -19,24 +30,41 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.sampling import sample
 
-__all__ = ['accept_prefix', 'residual', 'verify', 'alpha_terms']
+__all__ = ['VERIFIERS', 'accept_prefix', 'alpha_terms', 'in_range', 'out_of_range', 'residual',
+           'verify', 'verify_batch', 'verify_greedy_batch']
+
+
+def in_range(tokens_xG: jax.Array, vocab: int) -> jax.Array:
+  """Bool, same shape: the id is a valid token in [0, vocab)."""
+  return (tokens_xG >= 0) & (tokens_xG < vocab)
+
+
+def out_of_range(tokens_BxG: jax.Array, n_B: jax.Array, vocab: int) -> jax.Array:
+  """Bool []: some proposed draft id (slot < n) lies outside [0, vocab) -- a broken draft."""
+  proposed_BxG = jnp.arange(tokens_BxG.shape[1])[None, :] < n_B[:, None]
+  return jnp.any(proposed_BxG & ~in_range(tokens_BxG, vocab))
 
 
 def accept_prefix(
-  draft_tokens_G: jax.Array, q_GxV: jax.Array, p_G1xV: jax.Array, u_G: jax.Array
+  draft_tokens_G: jax.Array, q_GxV: jax.Array, p_G1xV: jax.Array, u_G: jax.Array, n=None
 ) -> jax.Array:
-  """int32 n in [0, G]: number of leading drafts accepted.
+  """int32 m in [0, n]: number of leading drafts accepted among the first n (n = G by default).
 
   Draft i is accepted iff u_i * q_i(x_i) < p_i(x_i), i.e. u_i < p/q without
   dividing (q may be 0, p may be 0: a token with p == 0 is never accepted).
+  Slots i >= n and ids outside [0, V) are never accepted.
   """
-  G = draft_tokens_G.shape[0]
-  x_G1 = draft_tokens_G.astype(jnp.int32)[:, None]
+  G, V = q_GxV.shape
+  x_G = draft_tokens_G.astype(jnp.int32)
+  x_G1 = jnp.clip(x_G, 0, V - 1)[:, None]
   qx_G = jnp.take_along_axis(q_GxV.astype(jnp.float32), x_G1, axis=-1)[:, 0]
   px_G = jnp.take_along_axis(p_G1xV[:G].astype(jnp.float32), x_G1, axis=-1)[:, 0]
-  accept_G = u_G.astype(jnp.float32) * qx_G < px_G
+  accept_G = (u_G.astype(jnp.float32) * qx_G < px_G) & in_range(x_G, V)
+  if n is not None:
+    accept_G = accept_G & (jnp.arange(G) < n)
   # Leading run of accepts: cumprod zeroes everything after the first reject.
   return jnp.sum(jnp.cumprod(accept_G.astype(jnp.int32)), dtype=jnp.int32)
 
@@ -55,24 +83,27 @@ def residual(p_V: jax.Array, q_V: jax.Array) -> jax.Array:
 
 
 def verify(
-  key: jax.Array, draft_tokens_G: jax.Array, q_GxV: jax.Array, p_G1xV: jax.Array
+  key: jax.Array, draft_tokens_G: jax.Array, q_GxV: jax.Array, p_G1xV: jax.Array, n=None
 ) -> tuple[jax.Array, jax.Array]:
-  """(n_accepted int32 in [0, G], next_token int32) for one drafted block.
+  """(m accepted int32 in [0, n], next_token int32) for one drafted block of n proposed tokens.
 
-  The block emits draft_tokens_G[:n] followed by next_token, which comes from
-  residual(p_n, q_n) after a rejection at n < G, or from the bonus row p_G when
-  all G drafts are accepted.  The emitted tokens are distributed exactly as
-  sampling from p.
+  n (int32 in [0, G], default G) is the proposal length: slots >= n are padding. The block emits
+  draft_tokens_G[:m] followed by next_token, which comes from residual(p_m, q_m) after a
+  rejection at m < n, or from p_n itself when all n drafts are accepted (the bonus row when
+  n = G). The emitted tokens are distributed exactly as sampling from p, for any n that was
+  decided without looking at the drafted token it would include. Draft ids must lie in [0, V)
+  (an id outside is never accepted).
   """
   G = draft_tokens_G.shape[0]
+  n = jnp.int32(G) if n is None else jnp.asarray(n, jnp.int32)
   key_u, key_next = jax.random.split(key)
   u_G = jax.random.uniform(key_u, (G,), dtype=jnp.float32)
-  n = accept_prefix(draft_tokens_G, q_GxV, p_G1xV, u_G)
-  p_V = p_G1xV[n].astype(jnp.float32)
-  # Pad q with a zero row so q[n] is defined for n == G (that branch uses p_G).
+  m = accept_prefix(draft_tokens_G, q_GxV, p_G1xV, u_G, n)
+  p_V = p_G1xV[m].astype(jnp.float32)
+  # Pad q with a zero row so q[m] is defined for m == G (that branch uses p_G).
   q_G1xV = jnp.concatenate([q_GxV.astype(jnp.float32), jnp.zeros_like(p_V)[None]], axis=0)
-  next_dist_V = jnp.where(n < G, residual(p_V, q_G1xV[n]), p_V)
-  return n, sample(key_next, next_dist_V)
+  next_dist_V = jnp.where(m < n, residual(p_V, q_G1xV[m]), p_V)
+  return m, sample(key_next, next_dist_V)
 
 
 def alpha_terms(q_GxV: jax.Array, p_G1xV: jax.Array) -> jax.Array:
@@ -83,3 +114,41 @@ def alpha_terms(q_GxV: jax.Array, p_G1xV: jax.Array) -> jax.Array:
   """
   G = q_GxV.shape[0]
   return jnp.sum(jnp.minimum(p_G1xV[:G].astype(jnp.float32), q_GxV.astype(jnp.float32)), axis=-1)
+
+
+def verify_greedy_batch(draft_BxG: jax.Array, q_BxGxV: jax.Array, logits_BxG1xV: jax.Array,
+                        n_B: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """`verify` at temperature 0 for a batch: (m_B, next_B, beta_BxG) straight from the argmaxes.
+
+  p is the one-hot of the target's argmax a_i, so for ANY q `verify` accepts draft i < n iff
+  x_i == a_i, the corrected / bonus token is a_m, and the alpha term sum_x min(p_i, q_i) is
+  q_i(a_i). Same results without the per-row RNG (threefry loops) and the [B, G1, V] probability
+  and residual work.
+  """
+  g = draft_BxG.shape[1]
+  top_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
+  match_BxG = (draft_BxG == top_BxG1[:, :g]) & (jnp.arange(g)[None, :] < n_B[:, None])
+  m_B = jnp.sum(jnp.cumprod(match_BxG.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
+  next_B = jnp.take_along_axis(top_BxG1, m_B[:, None], axis=1)[:, 0]
+  beta_BxG = jnp.take_along_axis(q_BxGxV, top_BxG1[:, :g, None], axis=2)[..., 0]
+  return m_B, next_B, beta_BxG
+
+
+VERIFIERS = {'token': verify}
+
+
+def verify_batch(keys_B: jax.Array, draft_BxG: jax.Array, q_BxGxV: jax.Array,
+                 logits_BxG1xV: jax.Array, n_B: jax.Array, sampling, *, verifier: str = 'token',
+                 verify_fn=None) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """The loop's verification of a batch: (m_B accepted, next_B, beta_BxG alpha terms).
+
+  `verifier` names a rule of VERIFIERS; in greedy mode every registered rule is argmax matching,
+  so `verify_greedy_batch` runs instead. A `verify_fn` (same signature as `verify`; for research
+  on acceptance rules and for negative controls) is always called, greedy or not.
+  """
+  if sampling.greedy and verify_fn is None:
+    return verify_greedy_batch(draft_BxG, q_BxGxV, logits_BxG1xV, n_B)
+  p_BxG1xV = sampling_lib.probs(logits_BxG1xV, sampling)
+  fn = verify_fn or VERIFIERS[verifier]
+  m_B, next_B = jax.vmap(fn)(keys_B, draft_BxG, q_BxGxV, p_BxG1xV, n_B)
+  return m_B, next_B, jax.vmap(alpha_terms)(q_BxGxV, p_BxG1xV)

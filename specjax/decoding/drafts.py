@@ -1,28 +1,21 @@
-"""Draft strategies behind one small interface.
+"""Draft strategies, each implementing the protocol of specjax.decoding.protocol.
 
 Shape legend: B batch, S source, N decoder-sequence buffer, G gamma (draft block), V vocab.
 
-A draft is a pytree (so it can enter `jax.jit` next to the target) with three methods:
-
-  init(input_ids_BxS, max_len) -> state
-      Per-batch state (e.g. the draft model's cache); the encoder runs here, once.
-  propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling) -> (draft_BxG, q_BxGxV, state)
-      Proposes `gamma` tokens per row after the committed prefix. `seq_BxN[b, :lengths_B[b]+1]` is
-      row b's decoder input so far ([start, generated...]); the last committed token is
-      seq[b, lengths[b]]. q is exactly the distribution each draft token was sampled from.
-  calls_per_proposal(gamma) -> int
-      Forward passes of the draft per proposal (for the statistics and the cost model).
-
-The speculative loop never looks inside the state, so drafts with no model (n-gram, prompt lookup)
-fit the same slot.
+Every draft has `vocab_size`, `init`, `propose(..., *, stop, limit_B) -> Proposal` (up to gamma
+tokens per row, n_B of them proposed, the q they were drawn from, the draft passes made) and
+`commit` (see the protocol module for the contract). The speculative loop never looks inside the
+state, so drafts with no model (n-gram, prompt lookup) fit the same slot.
 
 Drafts here:
-  ModelDraft          a smaller T5 (gamma forward passes per proposal)
-  UnigramDraft        context-independent q (fit_unigram), c ~ 0
-  BigramDraft         q(x | previous token), top-K rows + unigram backoff (fit_bigram), c ~ 0
+  ModelDraft          a smaller T5; token by token through protocol.rollout (one pass per step)
+  UnigramDraft        context-independent q (fit_unigram), no forward passes
+  BigramDraft         q(x | previous token), top-K rows + unigram backoff (fit_bigram), through
+                      protocol.rollout, no forward passes
   PromptLookupDraft   copies the continuation of the latest n-gram match in the source or the
-                      generated prefix; q one-hot on the proposal, c ~ 0
-Fitted n-gram drafts are cached as .npz with save_ngram / load_ngram.
+                      generated prefix; q one-hot on the proposal, no forward passes
+Fitted n-gram drafts are cached as .npz with save_ngram / load_ngram. Every draft honours the stop
+rule's `before` / `after` hooks and the per-row cap limit_B.
 """
 
 from __future__ import annotations
@@ -32,7 +25,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.decoding import protocol
 from specjax.decoding import sampling as sampling_lib
+from specjax.decoding.protocol import Proposal
 from specjax.models.t5 import DecoderCache, T5Model
 
 
@@ -42,65 +37,54 @@ def _take_rows(seq_BxN, pos_B):
 
 @struct.dataclass
 class ModelDraft:
-  """A smaller T5 as the draft: gamma autoregressive steps on its own cache.
+  """A smaller T5 as the draft: up to gamma autoregressive steps on its own cache.
 
   Cache invariant at the start of a proposal: positions 0 .. lengths-2 hold the committed prefix
   (after a full acceptance the last draft token and the bonus token were never fed to the draft).
   So the first step feeds two tokens [seq[L-1], seq[L]] at offset L-1; re-feeding a position that
   is already in the cache rewrites identical keys/values. At L = 0 it feeds [start, filler] at
   offset 0 and reads the logits of position 0; the filler's entry is overwritten by the next step.
+  That first pass is made even when no row proposes (it keeps the invariant); every further pass
+  feeds draft k at offset L+1+k while any row goes on (protocol.rollout). A row that stops after n
+  drafts has fed d_1 .. d_{n-1}, which covers every prefix it can commit.
   """
   model: T5Model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.config.vocab_size
 
   def init(self, input_ids_BxS, max_len: int) -> DecoderCache:
     return self.model.init_cache(input_ids_BxS, max_len)
 
-  def calls_per_proposal(self, gamma: int) -> int:
-    return gamma
+  def commit(self, cache: DecoderCache, seq_BxN, lengths_B) -> DecoderCache:
+    return cache
 
   def step_noise(self, gumbel_BxGxV, i):
     """Step i's own Gumbel noise. (A method so that a test can inject the reused-noise fault.)"""
-    return jax.lax.dynamic_index_in_dim(gumbel_BxGxV, i, axis=1, keepdims=False)
+    return protocol.step_noise(gumbel_BxGxV, i)
 
   def propose(self, cache: DecoderCache, seq_BxN, lengths_B, keys_B, gamma: int,
-              sampling: sampling_lib.Sampling):
-    b = seq_BxN.shape[0]
-    vocab = self.model.config.vocab_size
+              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
     start_B = jnp.maximum(lengths_B - 1, 0)
     block_Bx2 = jnp.stack([_take_rows(seq_BxN, start_B), _take_rows(seq_BxN, start_B + 1)], 1)
     logits_Bx2xV, cache = self.model.decode(cache, block_Bx2, start_B)
     logits_BxV = jnp.where((lengths_B >= 1)[:, None], logits_Bx2xV[:, 1], logits_Bx2xV[:, 0])
-    if not sampling.greedy:  # all gamma steps' noise in one RNG call per row
-      gumbel_BxGxV = jax.vmap(lambda k: jax.random.gumbel(k, (gamma, vocab), jnp.float32))(keys_B)
 
-    def sample_step(i, logits_BxV):
-      q_BxV = sampling_lib.probs(logits_BxV, sampling)
-      if sampling.greedy:
-        tok_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
-      else:
-        tok_B = sampling_lib.sample_gumbel(self.step_noise(gumbel_BxGxV, i), q_BxV)
-      return tok_B, q_BxV, jnp.isnan(logits_BxV).any()
+    def advance(carry, x_B, k):
+      cache, nan = carry
+      logits_Bx1xV, cache = self.model.decode(cache, x_B[:, None], lengths_B + 1 + k)
+      return ((cache, nan | jnp.isnan(logits_Bx1xV).any()),
+              *protocol.views(logits_Bx1xV[:, 0], sampling))
 
-    def cond_fn(carry):
-      return carry[0] < gamma - 1
-
-    def body_fn(carry):
-      i, logits_BxV, cache, draft_BxG, q_BxGxV, nan = carry
-      tok_B, q_BxV, step_nan = sample_step(i, logits_BxV)
-      draft_BxG = draft_BxG.at[:, i].set(tok_B)
-      q_BxGxV = q_BxGxV.at[:, i].set(q_BxV)
-      logits_Bx1xV, cache = self.model.decode(cache, tok_B[:, None], lengths_B + 1 + i)
-      return i + 1, logits_Bx1xV[:, 0], cache, draft_BxG, q_BxGxV, nan | step_nan
-
-    carry = (jnp.int32(0), logits_BxV, cache, jnp.zeros((b, gamma), jnp.int32),
-             jnp.zeros((b, gamma, vocab), jnp.float32), jnp.bool_(False))
-    _, logits_BxV, cache, draft_BxG, q_BxGxV, nan = jax.lax.while_loop(cond_fn, body_fn, carry)
-    tok_B, q_BxV, step_nan = sample_step(gamma - 1, logits_BxV)
-    draft_BxG = draft_BxG.at[:, gamma - 1].set(tok_B)
-    q_BxGxV = q_BxGxV.at[:, gamma - 1].set(q_BxV)
-    # A NaN in the draft poisons q; the loop checks q for NaN and stops with a clear error.
-    q_BxGxV = jnp.where(nan | step_nan, jnp.nan, q_BxGxV)
-    return draft_BxG, q_BxGxV, cache
+    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling, self.step_noise)
+    q_BxV, view_BxV = protocol.views(logits_BxV, sampling)
+    prop = protocol.rollout(advance, (cache, jnp.isnan(logits_BxV).any()), q_BxV, draw,
+                            gamma=gamma, stop=stop, limit_B=limit_B, view_BxV=view_BxV)
+    cache, nan = prop.state
+    # A NaN in the draft poisons q (in greedy mode q is a one-hot even of NaN logits); the loop
+    # checks q for NaN and stops with a clear error.
+    return prop.replace(q_BxGxV=jnp.where(nan, jnp.nan, prop.q_BxGxV), state=cache)
 
 
 # ----------------------------------------------------------------------------- n-gram drafts
@@ -159,8 +143,8 @@ class UnigramDraft:
 
   q does not depend on the prefix, so the gamma drafts of a block are i.i.d. from
   probs(log_probs_V, sampling) (temperature / top-k / top-p exactly as for the target;
-  temperature 0 -> the argmax, repeated). No forward passes: calls_per_proposal = 0. The state is
-  empty. Memory: 4 V bytes.
+  temperature 0 -> the argmax, repeated), drawn at once and cut where the stop rule ends each row
+  (protocol.cut). No forward passes. The state is empty. Memory: 4 V bytes.
   """
   log_probs_V: jax.Array
 
@@ -171,11 +155,11 @@ class UnigramDraft:
   def init(self, input_ids_BxS, max_len: int):
     return ()
 
-  def calls_per_proposal(self, gamma: int) -> int:
-    return 0
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
 
   def propose(self, state, seq_BxN, lengths_B, keys_B, gamma: int,
-              sampling: sampling_lib.Sampling):
+              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
     b, vocab = seq_BxN.shape[0], self.vocab_size
     q_V = sampling_lib.probs(self.log_probs_V, sampling)
     if sampling.greedy:
@@ -183,7 +167,11 @@ class UnigramDraft:
     else:
       q_GxV = jnp.broadcast_to(q_V, (gamma, vocab))
       draft_BxG = jax.vmap(lambda k: sampling_lib.sample(k, q_GxV))(keys_B)
-    return draft_BxG, jnp.broadcast_to(q_V, (b, gamma, vocab)), state
+    q_BxGxV = jnp.broadcast_to(q_V, (b, gamma, vocab))
+    _, view_V = protocol.views(self.log_probs_V, sampling)
+    n_B = protocol.cut(stop, draft_BxG, q_BxGxV, limit_B,
+                       jnp.broadcast_to(view_V, (b, gamma, vocab)))
+    return Proposal(protocol.pad_after(draft_BxG, n_B), q_BxGxV, n_B, jnp.int32(0), state)
 
   def save(self, path) -> None:
     save_ngram(self, path)
@@ -206,7 +194,7 @@ class BigramDraft:
   Rollout: step 1 conditions on the last committed token seq[b, lengths[b]] (the decoder start at
   L = 0, matching the fitting data), step i > 1 on draft token i-1; each step's q is
   probs(log q(. | prev), sampling) and the token is sampled from exactly that (argmax when greedy).
-  No forward passes: calls_per_proposal = 0.
+  Token by token through protocol.rollout (a row can stop early); no forward passes.
   """
   ids_VxK: jax.Array
   weights_VxK: jax.Array
@@ -228,8 +216,8 @@ class BigramDraft:
   def init(self, input_ids_BxS, max_len: int):
     return ()
 
-  def calls_per_proposal(self, gamma: int) -> int:
-    return 0
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
 
   def conditional(self, prev_B) -> jax.Array:
     """Dense q(. | prev) [B, V] float32 (unprocessed) for a batch of previous tokens."""
@@ -239,21 +227,13 @@ class BigramDraft:
     return q_BxV.at[rows_Bx1, self.ids_VxK[prev_B]].add(self.weights_VxK[prev_B])
 
   def propose(self, state, seq_BxN, lengths_B, keys_B, gamma: int,
-              sampling: sampling_lib.Sampling):
-    prev_B = _take_rows(seq_BxN, lengths_B)
-    keys_GxB = jnp.swapaxes(jax.vmap(lambda k: jax.random.split(k, gamma))(keys_B), 0, 1)
-
-    def step(prev_B, key_B):
-      q_BxV = self.conditional(prev_B)
-      q_BxV = sampling_lib.probs(jnp.log(q_BxV), sampling)
-      if sampling.greedy:
-        tok_B = jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
-      else:
-        tok_B = jax.vmap(sampling_lib.sample)(key_B, q_BxV)
-      return tok_B, (tok_B, q_BxV)
-
-    _, (draft_GxB, q_GxBxV) = jax.lax.scan(step, prev_B, keys_GxB)
-    return draft_GxB.T, jnp.swapaxes(q_GxBxV, 0, 1), state
+              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
+    views = lambda prev_B: protocol.views(jnp.log(self.conditional(prev_B)), sampling)  # noqa: E731
+    advance = lambda carry, x_B, k: (carry, *views(x_B))  # noqa: E731
+    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling)
+    q_BxV, view_BxV = views(_take_rows(seq_BxN, lengths_B))
+    return protocol.rollout(advance, state, q_BxV, draw, gamma=gamma, stop=stop, limit_B=limit_B,
+                            view_BxV=view_BxV, passes=0, advance_passes=0)
 
   def save(self, path) -> None:
     save_ngram(self, path)
@@ -377,7 +357,8 @@ class PromptLookupDraft:
   Deterministic given the prefix, so q is one-hot on each proposed token: exact also in sampling
   mode (the drafted x is accepted with probability p(x), else the next token is drawn from p with x
   removed). Fixed shapes only: all windows are compared at once by broadcasting (cost
-  B * (1 + S + N) * ngram_max comparisons per proposal). calls_per_proposal = 0.
+  B * (1 + S + N) * ngram_max comparisons per proposal). No forward passes; the block is cut
+  where the stop rule ends each row (protocol.cut).
   """
   vocab_size: int = struct.field(pytree_node=False)
   ngram_max: int = struct.field(pytree_node=False, default=3)
@@ -395,8 +376,8 @@ class PromptLookupDraft:
     source_len_B = jnp.max(jnp.where(ids_BxS != self.pad_id, pos_S[None, :], 0), axis=1)
     return PromptLookupState(source_BxS=ids_BxS, source_len_B=source_len_B)
 
-  def calls_per_proposal(self, gamma: int) -> int:
-    return 0
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
 
   def lookup(self, state: PromptLookupState, seq_BxN, lengths_B, gamma: int):
     """The drafted tokens [B, gamma] (int32)."""
@@ -432,6 +413,8 @@ class PromptLookupDraft:
     return jnp.take_along_axis(hay_BxM, idx_BxG, axis=1)
 
   def propose(self, state: PromptLookupState, seq_BxN, lengths_B, keys_B, gamma: int,
-              sampling: sampling_lib.Sampling):
+              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
     draft_BxG = self.lookup(state, seq_BxN, lengths_B, gamma)
-    return draft_BxG, jax.nn.one_hot(draft_BxG, self.vocab_size, dtype=jnp.float32), state
+    q_BxGxV = jax.nn.one_hot(draft_BxG, self.vocab_size, dtype=jnp.float32)
+    n_B = protocol.cut(stop, draft_BxG, q_BxGxV, limit_B)
+    return Proposal(protocol.pad_after(draft_BxG, n_B), q_BxGxV, n_B, jnp.int32(0), state)

@@ -1,14 +1,22 @@
 """Speculative and autoregressive decoding, each one jit-compiled `lax.while_loop` program.
 
-Shape legend: B batch, S source, N decoder-sequence buffer, G gamma, G1 = gamma + 1, V vocab,
-I iterations recorded in a trace.
+Shape legend: B batch, S source, N decoder-sequence buffer, G gamma (the block width; G_MAX under
+a stop rule), G1 = gamma + 1, V vocab, I iterations recorded in a trace.
 
 Per row b the loop keeps `seq[b]` = [decoder_start, generated tokens...] and `lengths[b]` = number of
 generated tokens L. The target's cache holds input positions 0 .. L-1; the last committed token
 seq[b, L] is the first token of the next verification block [seq[L], d_1 .. d_G], written at offset
-L in ONE target call. Row b then commits n+1 tokens (n accepted drafts and one corrected or bonus
-token); rolling back rejected drafts is just the new, smaller length. Rows advance by different
-amounts; finished rows keep their tokens and lengths.
+L in ONE target call. The draft proposes n_B[b] <= G tokens (a stop rule may end a row early; the
+draft protocol is specjax.decoding.protocol); only those are verified, and row b commits m+1
+tokens (m <= n accepted drafts and one corrected or bonus token drawn at index m); rolling back
+rejected drafts is just the new, smaller length. Rows advance by different amounts; finished rows
+keep their tokens and lengths.
+
+Public pieces: speculative_decode / autoregressive_decode (validated entry points);
+speculative_init / speculative_step and autoregressive_init / autoregressive_step (one iteration,
+usable from a Python loop or a custom jit); speculative_program / autoregressive_program (the
+jitted whole-loop programs, unchecked: e.g. `.lower(...)` on abstract shapes for compile-only
+checks); make_sampling (the static Sampling), as_draft (a T5Model -> ModelDraft).
 
 Buffers are sized so that no block is ever written out of range: caches hold
 max_new_tokens + gamma + 1 positions, seq holds 1 + max_new_tokens + gamma + 1 tokens.
@@ -27,6 +35,7 @@ from flax import struct
 
 from specjax.decoding import acceptance
 from specjax.decoding import sampling as sampling_lib
+from specjax.decoding import stopping
 from specjax.decoding.drafts import ModelDraft
 from specjax.models.t5 import T5Model
 
@@ -41,30 +50,70 @@ class SpecStats:
   """On-device statistics of one speculative_decode call.
 
   iterations:      []       outer loop iterations (= target calls for the batch)
-  draft_calls:     []       draft forward passes (iterations x calls per proposal)
+  draft_passes:    []       draft forward passes actually made (data-dependent under stop rules;
+                            0 for model-free drafts); `draft_calls` is the same number
   target_calls:    [B]      iterations in which the row was still generating
-  accepted_hist:   [B, G1]  how often n = 0 .. G drafts were accepted in one iteration
+  proposed_hist:   [B, G1]  how often the row proposed n = 0 .. G drafts in one iteration
+  accepted_hist:   [B, G1]  how often m = 0 .. G drafts were accepted in one iteration
+  proposed:        [B]      proposed (= verified) draft tokens
   accepted:        [B]      accepted draft tokens
-  emitted:         [B]      tokens produced by verification (n + 1 per iteration, before any
+  emitted:         [B]      tokens produced by verification (m + 1 per iteration, before any
                             truncation at EOS or max_new_tokens)
   alpha_sum:       [B]      sum over verified positions whose prefix was accepted of
                             sum_x min(p(x), q(x)) (the paper's beta, Cor. 3.6)
   alpha_count:     [B]      number of such positions
   nan:             []       a NaN appeared in the target's or draft's logits
+  bad_draft:       []       a draft proposed a token id outside [0, V) (a broken draft)
   """
   iterations: jax.Array
-  draft_calls: jax.Array
+  draft_passes: jax.Array
   target_calls: jax.Array
+  proposed_hist: jax.Array
   accepted_hist: jax.Array
+  proposed: jax.Array
   accepted: jax.Array
   emitted: jax.Array
   alpha_sum: jax.Array
   alpha_count: jax.Array
   nan: jax.Array
+  bad_draft: jax.Array
+
+  @classmethod
+  def zeros(cls, batch: int, gamma: int) -> SpecStats:
+    zeros_B, hist_BxG1 = jnp.zeros((batch,), jnp.int32), jnp.zeros((batch, gamma + 1), jnp.int32)
+    return cls(iterations=jnp.int32(0), draft_passes=jnp.int32(0), target_calls=zeros_B,
+               proposed_hist=hist_BxG1, accepted_hist=hist_BxG1, proposed=zeros_B,
+               accepted=zeros_B, emitted=zeros_B, alpha_sum=jnp.zeros((batch,), jnp.float32),
+               alpha_count=zeros_B, nan=jnp.bool_(False), bad_draft=jnp.bool_(False))
+
+  def record(self, active_B, n_B, m_B, beta_BxG, passes, nan, bad_draft) -> SpecStats:
+    """The statistics after one iteration: rows active_B proposed n_B and accepted m_B drafts."""
+    act_B = active_B.astype(jnp.int32)
+    idx_G1 = jnp.arange(self.gamma + 1)
+    # beta counts at the verified positions whose prefix was accepted: i <= m and i < n.
+    on_prefix_BxG = (idx_G1[None, :-1] <= m_B[:, None]) & (idx_G1[None, :-1] < n_B[:, None])
+    return self.replace(
+        iterations=self.iterations + 1,
+        draft_passes=self.draft_passes + passes,
+        target_calls=self.target_calls + act_B,
+        proposed_hist=self.proposed_hist + act_B[:, None] * (idx_G1[None, :] == n_B[:, None]),
+        accepted_hist=self.accepted_hist + act_B[:, None] * (idx_G1[None, :] == m_B[:, None]),
+        proposed=self.proposed + act_B * n_B,
+        accepted=self.accepted + act_B * m_B,
+        emitted=self.emitted + act_B * (m_B + 1),
+        alpha_sum=self.alpha_sum + jnp.where(active_B, jnp.sum(
+            jnp.where(on_prefix_BxG, beta_BxG, 0.0), axis=1), 0.0),
+        alpha_count=self.alpha_count + act_B * jnp.sum(on_prefix_BxG, axis=1),
+        nan=self.nan | nan, bad_draft=self.bad_draft | bad_draft)
 
   @property
   def gamma(self) -> int:
     return self.accepted_hist.shape[-1] - 1
+
+  @property
+  def draft_calls(self):
+    """Draft forward passes (the former name of draft_passes)."""
+    return self.draft_passes
 
   @property
   def alpha(self) -> float:
@@ -73,22 +122,28 @@ class SpecStats:
 
   @property
   def acceptance_rate(self) -> float:
-    """Accepted drafts / drafted tokens (the empirical per-token acceptance)."""
-    drafted = int(np.sum(self.target_calls)) * self.gamma
-    return float(np.sum(self.accepted) / max(drafted, 1))
+    """Accepted drafts / proposed drafts (the empirical per-token acceptance)."""
+    return float(np.sum(self.accepted) / max(int(np.sum(self.proposed)), 1))
 
   @property
   def tokens_per_target_call(self) -> float:
     return float(np.sum(self.emitted) / max(int(np.sum(self.target_calls)), 1))
 
+  @property
+  def proposed_per_target_call(self) -> float:
+    return float(np.sum(self.proposed) / max(int(np.sum(self.target_calls)), 1))
+
   def summary(self) -> dict[str, Any]:
     return {
         'iterations': int(self.iterations),
-        'draft_calls': int(self.draft_calls),
+        'draft_calls': int(self.draft_passes),
+        'draft_passes': int(self.draft_passes),
         'target_calls': int(np.sum(self.target_calls)),
+        'proposed_hist': np.asarray(self.proposed_hist).sum(0).tolist(),
         'accepted_hist': np.asarray(self.accepted_hist).sum(0).tolist(),
         'alpha': self.alpha,
         'acceptance_rate': self.acceptance_rate,
+        'proposed_per_target_call': self.proposed_per_target_call,
         'tokens_per_target_call': self.tokens_per_target_call,
     }
 
@@ -97,15 +152,17 @@ class SpecStats:
 class DecodeOutput:
   """tokens [B, max_new_tokens] (pad after each row's end), lengths [B] (EOS counted), stats.
 
-  With trace=True, `trace_drafts` [B, I, G] holds each iteration's drafted tokens and
-  `trace_accepted` [B, I] how many were accepted (-1 once the row had finished); the committed
-  tokens give the corrected/bonus token of each iteration.
+  With trace=True, `trace_drafts` [B, I, G] holds each iteration's drafted tokens (0 past the
+  proposal), `trace_proposed` [B, I] how many were proposed and `trace_accepted` [B, I] how many
+  were accepted (both -1 once the row had finished); the committed tokens give the corrected /
+  bonus token of each iteration.
   """
   tokens: jax.Array
   lengths: jax.Array
   stats: Any = None
   trace_drafts: Any = None
   trace_accepted: Any = None
+  trace_proposed: Any = None
 
   def to_host(self) -> 'DecodeOutput':
     """tokens and lengths as numpy arrays, which tokenizers' batch_decode accepts (a JAX array
@@ -118,14 +175,15 @@ class DecodeOutput:
 class SpecState:
   """Loop state of speculative decoding.
 
-  seq:          [B, N] int32  decoder inputs [start, generated...], N = max_new + gamma + 2
-  lengths:      [B]    int32  generated tokens per row
-  done:         [B]    bool   row finished (EOS or max_new_tokens)
-  target_cache: DecoderCache  target's cache, max_new + gamma + 1 positions
-  draft_state:  pytree        the draft's state (a DecoderCache for a model draft)
-  rng:          key           base key; iteration i uses fold_in(rng, i), split per row
-  stats:        SpecStats
-  trace_drafts / trace_accepted: see DecodeOutput (shape [B, 0, G] / [B, 0] when not traced)
+  seq:            [B, N] int32  decoder inputs [start, generated...], N = max_new + gamma + 2
+  lengths:        [B]    int32  generated tokens per row
+  done:           [B]    bool   row finished (EOS, max_new_tokens, NaN or a bad draft id)
+  target_cache:   DecoderCache  target's cache, max_new + gamma + 1 positions
+  draft_state:    pytree        the draft's state (a DecoderCache for a model draft)
+  rng:            key           base key; iteration i uses fold_in(rng, i), split per row
+  stats:          SpecStats
+  trace_drafts / trace_accepted / trace_proposed: see DecodeOutput (shape [B, 0, G] / [B, 0] /
+                  [B, 0] when not traced)
   """
   seq: jax.Array
   lengths: jax.Array
@@ -136,10 +194,39 @@ class SpecState:
   stats: SpecStats
   trace_drafts: jax.Array
   trace_accepted: jax.Array
+  trace_proposed: jax.Array
+
+  def keys(self) -> tuple[jax.Array, jax.Array]:
+    """This iteration's (draft keys [B], verify keys [B]): fold_in(rng, iteration), per row."""
+    keys_B = row_keys(self.rng, self.stats.iterations, self.seq.shape[0])
+    both_Bx2 = jax.vmap(lambda k: jax.random.split(k, 2))(keys_B)
+    return both_Bx2[:, 0], both_Bx2[:, 1]
+
+  def last_tokens(self) -> jax.Array:
+    """[B, 1] the last committed token of every row (the first of the verification block)."""
+    return jnp.take_along_axis(self.seq, self.lengths[:, None], axis=1)
+
+  def record_trace(self, active_B, draft_BxG, n_B, m_B) -> SpecState:
+    """Writes this iteration's drafts and counts into the trace (a no-op when not traced)."""
+    if not self.trace_drafts.shape[1]:
+      return self
+    it = jnp.minimum(self.stats.iterations, self.trace_drafts.shape[1] - 1)
+    return self.replace(
+        trace_drafts=self.trace_drafts.at[:, it].set(jnp.where(active_B[:, None], draft_BxG, 0)),
+        trace_accepted=self.trace_accepted.at[:, it].set(jnp.where(active_B, m_B, -1)),
+        trace_proposed=self.trace_proposed.at[:, it].set(jnp.where(active_B, n_B, -1)))
 
 
-def _as_draft(draft):
+def as_draft(draft):
+  """A draft implementing specjax.decoding.protocol.Draft: a T5Model becomes a ModelDraft."""
   return ModelDraft(draft) if isinstance(draft, T5Model) else draft
+
+
+def make_sampling(temperature: float = 0.0, top_k: int = 0,
+                  top_p: float = 1.0) -> sampling_lib.Sampling:
+  """The (hashable, static) Sampling for these settings, numbers normalised to Python types."""
+  return sampling_lib.Sampling(temperature=float(temperature), top_k=int(top_k),
+                               top_p=float(top_p))
 
 
 def _check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, vocab_draft):
@@ -175,7 +262,8 @@ def _rng(rng):
   return rng
 
 
-def _row_keys(rng, step, batch):
+def row_keys(rng, step, batch):
+  """One PRNG key per row for iteration `step`: split(fold_in(rng, step), batch)."""
   return jax.random.split(jax.random.fold_in(rng, step), batch)
 
 
@@ -185,10 +273,11 @@ def _finish(seq_BxN, lengths_B, max_new_tokens, pad_id):
   return jnp.where(keep, gen_BxM, pad_id)
 
 
-def _commit(seq_BxN, lengths_B, done_B, block_BxK, n_emit_B, eos_id, max_new_tokens):
+def commit_tokens(seq_BxN, lengths_B, done_B, block_BxK, n_emit_B, eos_id, max_new_tokens):
   """Writes each row's block at seq[L+1:], ends rows at EOS / max_new_tokens.
 
-  block_BxK holds the candidate tokens; the first n_emit_B[b] of row b are committed.
+  block_BxK holds the candidate tokens; the first n_emit_B[b] of row b are committed. Returns
+  (seq_BxN, lengths_B, done_B); finished rows are left as they were.
   """
   k = block_BxK.shape[1]
   idx_K = jnp.arange(k)
@@ -213,93 +302,70 @@ def _commit(seq_BxN, lengths_B, done_B, block_BxK, n_emit_B, eos_id, max_new_tok
 def speculative_init(target: T5Model, draft, input_ids_BxS, rng, *, gamma: int,
                      max_new_tokens: int, trace: bool = False) -> SpecState:
   """Runs both encoders once and builds the loop state (usable from a Python loop too)."""
+  draft = as_draft(draft)
   b = input_ids_BxS.shape[0]
   cache_len = max_new_tokens + gamma + 1
   seq = jnp.zeros((b, max_new_tokens + gamma + 2), jnp.int32)
   seq = seq.at[:, 0].set(target.config.decoder_start_token_id)
-  zeros_B = jnp.zeros((b,), jnp.int32)
-  stats = SpecStats(
-      iterations=jnp.int32(0), draft_calls=jnp.int32(0), target_calls=zeros_B,
-      accepted_hist=jnp.zeros((b, gamma + 1), jnp.int32), accepted=zeros_B, emitted=zeros_B,
-      alpha_sum=jnp.zeros((b,), jnp.float32), alpha_count=zeros_B, nan=jnp.bool_(False))
   # The trace has one slot per possible iteration (at least one token per iteration).
   n_trace = max_new_tokens if trace else 0
   return SpecState(
-      seq=seq, lengths=zeros_B, done=jnp.zeros((b,), bool),
+      seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
       target_cache=target.init_cache(input_ids_BxS, cache_len),
-      draft_state=draft.init(input_ids_BxS, cache_len), rng=rng, stats=stats,
+      draft_state=draft.init(input_ids_BxS, cache_len), rng=rng,
+      stats=SpecStats.zeros(b, gamma),
       trace_drafts=jnp.zeros((b, n_trace, gamma), jnp.int32),
-      trace_accepted=jnp.full((b, n_trace), -1, jnp.int32))
+      trace_accepted=jnp.full((b, n_trace), -1, jnp.int32),
+      trace_proposed=jnp.full((b, n_trace), -1, jnp.int32))
 
 
 def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
-                     max_new_tokens: int, sampling: sampling_lib.Sampling,
-                     eos_id: int, verify_fn=acceptance.verify) -> SpecState:
-  """One draft -> verify -> accept iteration for every unfinished row."""
-  b = state.seq.shape[0]
-  lengths_B, done_B, stats = state.lengths, state.done, state.stats
-  keys_B = _row_keys(state.rng, stats.iterations, b)
-  draft_keys_B, verify_keys_B = jnp.split(jax.vmap(lambda k: jax.random.split(k, 2))(keys_B), 2,
-                                          axis=1)
-  draft_BxG, q_BxGxV, draft_state = draft.propose(
-      state.draft_state, state.seq, lengths_B, draft_keys_B[:, 0], gamma, sampling)
+                     max_new_tokens: int, sampling: sampling_lib.Sampling, eos_id: int,
+                     stop: stopping.StopRule | None = None, verifier: str = 'token',
+                     verify_fn=None) -> SpecState:
+  """One iteration of Algorithm 1 for every unfinished row: draft, score, verify, commit.
 
-  last_B = jnp.take_along_axis(state.seq, lengths_B[:, None], axis=1)
-  block_BxG1 = jnp.concatenate([last_B, draft_BxG], axis=1)
-  logits_BxG1xV, target_cache = target.decode(state.target_cache, block_BxG1, lengths_B)
-  nan = stats.nan | jnp.isnan(logits_BxG1xV).any() | jnp.isnan(q_BxGxV).any()
-
-  if sampling.greedy and verify_fn is acceptance.verify:
-    # Temperature 0: p is the one-hot of the target's argmax a_i, so for ANY q acceptance.verify
-    # accepts draft i iff x_i == a_i, the corrected / bonus token is a_n, and the alpha term
-    # sum_x min(p_i, q_i) is q_i(a_i). Same results without the per-row RNG (threefry loops) and
-    # the [B, G+1, V] probability / residual work.
-    top_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
-    match_BxG = (draft_BxG == top_BxG1[:, :gamma]).astype(jnp.int32)
-    n_B = jnp.sum(jnp.cumprod(match_BxG, axis=1), axis=1, dtype=jnp.int32)
-    next_B = jnp.take_along_axis(top_BxG1, n_B[:, None], axis=1)[:, 0]
-    beta_BxG = jnp.take_along_axis(q_BxGxV, top_BxG1[:, :gamma, None], axis=2)[..., 0]
-  else:
-    p_BxG1xV = sampling_lib.probs(logits_BxG1xV, sampling)
-    n_B, next_B = jax.vmap(verify_fn)(verify_keys_B[:, 0], draft_BxG, q_BxGxV, p_BxG1xV)
-    beta_BxG = jax.vmap(acceptance.alpha_terms)(q_BxGxV, p_BxG1xV)
-  # Candidate block: accepted drafts, then the corrected / bonus token at index n.
-  idx_G1 = jnp.arange(gamma + 1)
-  padded_BxG1 = jnp.concatenate([draft_BxG, jnp.zeros((b, 1), jnp.int32)], axis=1)
-  cand_BxG1 = jnp.where(idx_G1[None, :] == n_B[:, None], next_B[:, None], padded_BxG1)
-  seq, lengths, done = _commit(state.seq, lengths_B, done_B, cand_BxG1, n_B + 1, eos_id,
-                               max_new_tokens)
-
-  active_B = ~done_B
-  act = active_B.astype(jnp.int32)
-  on_prefix_BxG = idx_G1[None, :gamma] <= n_B[:, None]
-  stats = stats.replace(
-      iterations=stats.iterations + 1,
-      draft_calls=stats.draft_calls + draft.calls_per_proposal(gamma),
-      target_calls=stats.target_calls + act,
-      accepted_hist=stats.accepted_hist + act[:, None] * (idx_G1[None, :] == n_B[:, None]),
-      accepted=stats.accepted + act * n_B,
-      emitted=stats.emitted + act * (n_B + 1),
-      alpha_sum=stats.alpha_sum + jnp.where(active_B, jnp.sum(
-          jnp.where(on_prefix_BxG, beta_BxG, 0.0), axis=1), 0.0),
-      alpha_count=stats.alpha_count + act * jnp.sum(on_prefix_BxG, axis=1),
-      nan=nan)
-
-  trace_drafts, trace_accepted = state.trace_drafts, state.trace_accepted
-  if trace_drafts.shape[1]:
-    it = jnp.minimum(state.stats.iterations, trace_drafts.shape[1] - 1)
-    trace_drafts = trace_drafts.at[:, it].set(jnp.where(active_B[:, None], draft_BxG, 0))
-    trace_accepted = trace_accepted.at[:, it].set(jnp.where(active_B, n_B, -1))
-
-  return state.replace(seq=seq, lengths=lengths, done=done | nan, target_cache=target_cache,
-                       draft_state=draft_state, stats=stats, trace_drafts=trace_drafts,
-                       trace_accepted=trace_accepted)
+  `stop` (default stopping.Fixed()) sets how many of the gamma slots each row proposes;
+  `verifier` names a rule of acceptance.VERIFIERS; a `verify_fn` replaces it in every mode
+  (see acceptance.verify_batch).
+  """
+  draft, stop = as_draft(draft), stop or stopping.Fixed()
+  draft_keys_B, verify_keys_B = state.keys()
+  # 1. The draft proposes up to gamma tokens per row, n_B of them, with the q they came from.
+  limit_B = jnp.where(state.done, 0, stop.limit(state.stats, gamma))
+  prop = draft.propose(state.draft_state, state.seq, state.lengths, draft_keys_B, gamma,
+                       sampling, stop=stop, limit_B=limit_B)
+  n_B = stop.truncate(prop.tokens_BxG, prop.q_BxGxV, prop.n_B)
+  # 2. The target scores the block [last committed, d_1 .. d_G] in one call: p_0 .. p_G.
+  block_BxG1 = jnp.concatenate([state.last_tokens(), prop.tokens_BxG], axis=1)
+  logits_BxG1xV, target_cache = target.decode(state.target_cache, block_BxG1, state.lengths)
+  # 3. Accept m <= n drafts, then one token from the target at index m (residual or bonus).
+  m_B, next_B, beta_BxG = acceptance.verify_batch(
+      verify_keys_B, prop.tokens_BxG, prop.q_BxGxV, logits_BxG1xV, n_B, sampling,
+      verifier=verifier, verify_fn=verify_fn)
+  # 4. Commit d_1 .. d_m and the target's token; rows end at EOS / max_new_tokens.
+  padded_BxG1 = jnp.pad(prop.tokens_BxG, ((0, 0), (0, 1)))
+  cand_BxG1 = jnp.where(jnp.arange(gamma + 1)[None, :] == m_B[:, None], next_B[:, None],
+                        padded_BxG1)
+  seq, lengths, done = commit_tokens(state.seq, state.lengths, state.done, cand_BxG1, m_B + 1,
+                                     eos_id, max_new_tokens)
+  nan = jnp.isnan(logits_BxG1xV).any() | jnp.isnan(prop.q_BxGxV).any()
+  bad = acceptance.out_of_range(prop.tokens_BxG, n_B, target.config.vocab_size)
+  active_B = ~state.done
+  state = state.record_trace(active_B, prop.tokens_BxG, n_B, m_B)
+  stats = state.stats.record(active_B, n_B, m_B, beta_BxG, prop.passes, nan, bad)
+  return state.replace(seq=seq, lengths=lengths, done=done | stats.nan | stats.bad_draft,
+                       target_cache=target_cache, stats=stats,
+                       draft_state=draft.commit(prop.state, seq, lengths))
 
 
 @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens', 'sampling', 'eos_id',
-                                             'trace', 'verify_fn'))
-def _speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tokens, sampling,
-                         eos_id, trace, verify_fn):
+                                             'trace', 'stop', 'verifier', 'verify_fn'))
+def speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tokens, sampling,
+                        eos_id, trace=False, stop=None, verifier='token', verify_fn=None):
+  """The whole speculative loop as one jitted program (static: gamma .. verify_fn; `sampling` from
+  make_sampling, `stop` a StopRule or None). No input checks (speculative_decode does them): the
+  handle for compile-only checks, `speculative_program.lower(...)`."""
   TRACE_COUNTS['speculative'] += 1
   state = speculative_init(target, draft, input_ids_BxS, rng, gamma=gamma,
                            max_new_tokens=max_new_tokens, trace=trace)
@@ -309,19 +375,16 @@ def _speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_to
 
   def body_fn(state: SpecState):
     return speculative_step(target, draft, state, gamma=gamma, max_new_tokens=max_new_tokens,
-                            sampling=sampling, eos_id=eos_id, verify_fn=verify_fn)
+                            sampling=sampling, eos_id=eos_id, stop=stop, verifier=verifier,
+                            verify_fn=verify_fn)
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return DecodeOutput(
       tokens=_finish(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
       lengths=state.lengths, stats=state.stats,
       trace_drafts=state.trace_drafts if trace else None,
-      trace_accepted=state.trace_accepted if trace else None)
-
-
-def _sampling(temperature, top_k, top_p):
-  return sampling_lib.Sampling(temperature=float(temperature), top_k=int(top_k),
-                               top_p=float(top_p))
+      trace_accepted=state.trace_accepted if trace else None,
+      trace_proposed=state.trace_proposed if trace else None)
 
 
 def _raise_on_nan(nan, what):
@@ -330,29 +393,50 @@ def _raise_on_nan(nan, what):
                              'no tokens returned')
 
 
+def _speculative_args(target, draft, input_ids, *, gamma, max_new_tokens, temperature, top_k,
+                      top_p, rng, eos_id, trace, stop, verifier, verify_fn):
+  """Validated (args, static kwargs) of speculative_program; raises before any compile."""
+  sampling = make_sampling(temperature, top_k, top_p)
+  draft = as_draft(draft)
+  vocab_draft = getattr(draft, 'vocab_size', None)
+  if vocab_draft is None:
+    raise ValueError(f'draft {type(draft).__name__} has no vocab_size: a draft implements '
+                     'specjax.decoding.protocol.Draft (see docs/extending.md)')
+  if verify_fn is None and verifier not in acceptance.VERIFIERS:
+    raise ValueError(f'verifier {verifier!r} unknown; choose from {sorted(acceptance.VERIFIERS)}')
+  _check_inputs(input_ids, max_new_tokens, gamma, sampling, target.config.vocab_size,
+                int(vocab_draft))
+  eos = target.config.eos_token_id if eos_id is None else int(eos_id)
+  args = (target, draft, jnp.asarray(input_ids, jnp.int32), _rng(rng))
+  return args, dict(gamma=int(gamma), max_new_tokens=int(max_new_tokens), sampling=sampling,
+                    eos_id=eos, trace=bool(trace), stop=stop or stopping.Fixed(),
+                    verifier=verifier, verify_fn=verify_fn)
+
+
 def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new_tokens: int,
                        temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, rng=None,
                        eos_id: int | None = None, trace: bool = False,
+                       stop: stopping.StopRule | None = None, verifier: str = 'token',
                        verify_fn=None) -> DecodeOutput:
   """Exact speculative decoding (Leviathan et al. 2023) of a batch of right-padded prompts.
 
-  `draft` is a smaller T5Model or any draft strategy of specjax.decoding.drafts. The output distribution
-  is exactly the target's (after temperature / top-k / top-p); temperature 0 is exact greedy.
-  `verify_fn` replaces acceptance.verify (same signature, a module-level function): for research
-  on acceptance rules and for the tests' negative controls.
+  `draft` is a smaller T5Model or any draft of specjax.decoding.drafts (anything implementing
+  specjax.decoding.protocol.Draft). The output distribution is exactly the target's (after
+  temperature / top-k / top-p); temperature 0 is exact greedy. `gamma` is the block width;
+  `stop` (a specjax.decoding.stopping rule; None = Fixed(), the paper) decides per row how many of
+  the gamma slots are proposed. `verifier` names a rule of acceptance.VERIFIERS. `verify_fn`
+  replaces it (signature of acceptance.verify, a module-level function), in greedy mode too: for
+  research on acceptance rules and for the tests' negative controls.
   """
-  sampling = _sampling(temperature, top_k, top_p)
-  draft = _as_draft(draft)
-  vocab_draft = (draft.model.config.vocab_size if isinstance(draft, ModelDraft)
-                 else getattr(draft, 'vocab_size', None))
-  _check_inputs(input_ids, max_new_tokens, gamma, sampling, target.config.vocab_size,
-                vocab_draft)
-  eos = target.config.eos_token_id if eos_id is None else int(eos_id)
-  out = _speculative_program(target, draft, jnp.asarray(input_ids, jnp.int32), _rng(rng),
-                             gamma=int(gamma), max_new_tokens=int(max_new_tokens),
-                             sampling=sampling, eos_id=eos, trace=bool(trace),
-                             verify_fn=verify_fn or acceptance.verify)
+  args, static = _speculative_args(
+      target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
+      temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id, trace=trace,
+      stop=stop, verifier=verifier, verify_fn=verify_fn)
+  out = speculative_program(*args, **static)
   _raise_on_nan(out.stats.nan, 'speculative_decode')
+  if bool(out.stats.bad_draft):
+    raise ValueError(f'speculative_decode: the draft {type(args[1]).__name__} proposed a token id '
+                     f'outside [0, {target.config.vocab_size}) (vocab_size); no tokens returned')
   return out.to_host()
 
 
@@ -361,41 +445,66 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new
 
 @struct.dataclass
 class ARState:
-  """seq [B, max_new + 1], lengths [B], done [B], cache (max_new + 1 positions), step, nan."""
+  """Loop state of autoregressive decoding.
+
+  seq:      [B, max_new + 1] int32  decoder inputs [start, generated...]
+  lengths:  [B] int32               generated tokens per row
+  done:     [B] bool                row finished (EOS, max_new_tokens or NaN)
+  cache:    DecoderCache            the model's cache, max_new + 1 positions
+  rng:      key                     base key; step i uses fold_in(rng, i), split per row
+  step:     [] int32                iterations so far
+  nan:      [] bool                 a NaN appeared in the logits
+  """
   seq: jax.Array
   lengths: jax.Array
   done: jax.Array
   cache: Any
+  rng: jax.Array
   step: jax.Array
   nan: jax.Array
 
 
-@functools.partial(jax.jit, static_argnames=('max_new_tokens', 'sampling', 'eos_id'))
-def _autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, sampling, eos_id):
-  TRACE_COUNTS['autoregressive'] += 1
+def autoregressive_init(model: T5Model, input_ids_BxS, rng, *, max_new_tokens: int) -> ARState:
+  """Runs the encoder once and builds the loop state (usable from a Python loop too)."""
   b = input_ids_BxS.shape[0]
   seq = jnp.zeros((b, max_new_tokens + 1), jnp.int32).at[:, 0].set(
       model.config.decoder_start_token_id)
-  state = ARState(seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
-                  cache=model.init_cache(input_ids_BxS, max_new_tokens + 1), step=jnp.int32(0),
-                  nan=jnp.bool_(False))
+  return ARState(seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
+                 cache=model.init_cache(input_ids_BxS, max_new_tokens + 1), rng=rng,
+                 step=jnp.int32(0), nan=jnp.bool_(False))
+
+
+def autoregressive_step(model: T5Model, state: ARState, *, max_new_tokens: int,
+                        sampling: sampling_lib.Sampling, eos_id: int) -> ARState:
+  """One token for every unfinished row: one decoder step, the token choice, the commit."""
+  b = state.seq.shape[0]
+  last_Bx1 = jnp.take_along_axis(state.seq, state.lengths[:, None], axis=1)
+  logits_Bx1xV, cache = model.decode(state.cache, last_Bx1, state.lengths)
+  if sampling.greedy:  # argmax of probs' one-hot of the argmax: the same index, one pass
+    tok_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+  else:
+    p_BxV = sampling_lib.probs(logits_Bx1xV[:, 0], sampling)
+    tok_B = jax.vmap(sampling_lib.sample)(row_keys(state.rng, state.step, b), p_BxV)
+  seq, lengths, done = commit_tokens(state.seq, state.lengths, state.done, tok_B[:, None],
+                                     jnp.ones((b,), jnp.int32), eos_id, max_new_tokens)
+  nan = state.nan | jnp.isnan(logits_Bx1xV).any()
+  return state.replace(seq=seq, lengths=lengths, done=done | nan, cache=cache,
+                       step=state.step + 1, nan=nan)
+
+
+@functools.partial(jax.jit, static_argnames=('max_new_tokens', 'sampling', 'eos_id'))
+def autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, sampling, eos_id):
+  """The whole autoregressive loop as one jitted program (static: max_new_tokens, sampling from
+  make_sampling, eos_id). No input checks (autoregressive_decode does them)."""
+  TRACE_COUNTS['autoregressive'] += 1
+  state = autoregressive_init(model, input_ids_BxS, rng, max_new_tokens=max_new_tokens)
 
   def cond_fn(state: ARState):
     return ~jnp.all(state.done)
 
   def body_fn(state: ARState):
-    last_B = jnp.take_along_axis(state.seq, state.lengths[:, None], axis=1)
-    logits_Bx1xV, cache = model.decode(state.cache, last_B, state.lengths)
-    if sampling.greedy:  # argmax of probs' one-hot of the argmax: the same index, one pass
-      tok_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
-    else:
-      p_BxV = sampling_lib.probs(logits_Bx1xV[:, 0], sampling)
-      tok_B = jax.vmap(sampling_lib.sample)(_row_keys(rng, state.step, b), p_BxV)
-    seq, lengths, done = _commit(state.seq, state.lengths, state.done, tok_B[:, None],
-                                 jnp.ones((b,), jnp.int32), eos_id, max_new_tokens)
-    nan = state.nan | jnp.isnan(logits_Bx1xV).any()
-    return ARState(seq=seq, lengths=lengths, done=done | nan, cache=cache, step=state.step + 1,
-                   nan=nan)
+    return autoregressive_step(model, state, max_new_tokens=max_new_tokens, sampling=sampling,
+                               eos_id=eos_id)
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return DecodeOutput(tokens=_finish(state.seq, state.lengths, max_new_tokens,
@@ -407,11 +516,10 @@ def autoregressive_decode(model: T5Model, input_ids, *, max_new_tokens: int,
                           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, rng=None,
                           eos_id: int | None = None) -> DecodeOutput:
   """The baseline: one token per target call, same model code, one jit'd while_loop."""
-  sampling = _sampling(temperature, top_k, top_p)
+  sampling = make_sampling(temperature, top_k, top_p)
   _check_inputs(input_ids, max_new_tokens, None, sampling, model.config.vocab_size, None)
   eos = model.config.eos_token_id if eos_id is None else int(eos_id)
-  out = _autoregressive_program(model, jnp.asarray(input_ids, jnp.int32), _rng(rng),
-                                max_new_tokens=int(max_new_tokens), sampling=sampling,
-                                eos_id=eos)
+  out = autoregressive_program(model, jnp.asarray(input_ids, jnp.int32), _rng(rng),
+                               max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos)
   _raise_on_nan(out.stats['nan'], 'autoregressive_decode')
   return out.to_host()

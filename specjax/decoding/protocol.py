@@ -1,4 +1,5 @@
-"""The draft protocol: what the speculative loop asks of a draft, and what a draft hands back.
+"""The draft protocol: what the speculative loop asks of a draft, what a draft hands back, and the
+rollout loop that drafts share.
 
 Shape legend: B batch, S source, N decoder-sequence buffer, G the block width (gamma, or G_MAX under
 a stop rule), V vocab.
@@ -10,21 +11,31 @@ A draft is a pytree (a `flax.struct.dataclass`, so it enters `jax.jit` beside th
   propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B) -> Proposal
       Up to `gamma` drafts per row after the committed prefix seq[b, :lengths[b] + 1]
       ([start, generated...]; the last committed token is seq[b, lengths[b]]). Row b proposes
-      n_B[b] <= limit_B[b] tokens; slots >= n_B[b] are padding and are never accepted.
+      n_B[b] <= limit_B[b] tokens; slots >= n_B[b] are padding and are never accepted. `stop` is a
+      `specjax.decoding.stopping.StopRule`: a draft that drafts token by token calls its `before`
+      and `after` hooks through `rollout`; one that computes its whole block at once uses `cut`.
+      keys_B holds one PRNG key per row, fresh every iteration.
   commit(state, seq_BxN, lengths_B) -> state  called after acceptance with the new committed prefix;
                                               the hook for drafts whose state must follow it
 
 The loop verifies only each row's first n_B drafts: the corrected or bonus token is drawn from the
 target at index n (from p[n] itself when all n were accepted). That keeps the output law exact for
 any n decided without looking at the drafted token it would include (see specjax.decoding.stopping).
+Every q row must be exactly the distribution its token was drawn from, after the same `sampling`
+processing the target gets (`specjax.decoding.sampling.probs`); token ids must lie in [0, V).
+
+How to write a new draft: docs/extending.md (a complete example: specjax/decoding/examples.py).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 import jax
+import jax.numpy as jnp
 from flax import struct
+
+from specjax.decoding import sampling as sampling_lib
 
 
 @struct.dataclass
@@ -57,3 +68,102 @@ class Draft(Protocol):
               gamma: int, sampling: Any, *, stop: Any, limit_B: jax.Array) -> Proposal: ...
 
   def commit(self, state: Any, seq_BxN: jax.Array, lengths_B: jax.Array) -> Any: ...
+
+
+# ----------------------------------------------------------------------------- rollout
+
+
+def views(logits_xV: jax.Array, sampling: Any) -> tuple[jax.Array, jax.Array]:
+  """(q, view) from a draft's logits: q = probs(logits, sampling) is what tokens are drawn from;
+  `view` is what stop rules judge confidence by -- q itself, except at temperature 0 (q a one-hot
+  that says nothing) the softmax at temperature 1."""
+  q_xV = sampling_lib.probs(logits_xV, sampling)
+  return q_xV, jax.nn.softmax(logits_xV.astype(jnp.float32), -1) if sampling.greedy else q_xV
+
+
+def rollout(advance: Callable, carry: Any, q_BxV: jax.Array, draw: Callable, *, gamma: int,
+            stop: Any, limit_B: jax.Array, view_BxV=None, passes=1,
+            advance_passes: int = 1) -> Proposal:
+  """Drafts token by token with a per-row stop; exits when every row has stopped.
+
+    q_BxV                      q_0, the processed distribution of draft 0 (the caller computed it
+                               with `passes` forward passes); view_BxV its view for the stop rule
+                               (default q_BxV; see `views`)
+    draw(k, q_BxV) -> x_B      samples draft k from q_k (argmax when greedy)
+    advance(carry, x_B, k) -> (carry, q_BxV) or (carry, q_BxV, view_BxV)
+                               feeds draft k and returns q_{k+1}; costs `advance_passes` passes
+
+  Row b drafts step k only while k < limit_B[b]; `stop.before(view_k, k)` ends it before x_k is
+  drawn (n = k), `stop.after(view_k, x_k, k)` after x_k is kept (n = k + 1). `advance` runs for the
+  whole batch while any row goes on, so a stopped row's later slots hold padding (token 0).
+  Returns a Proposal whose `state` is the final carry.
+  """
+  b, v = q_BxV.shape
+  limit_B = jnp.clip(limit_B, 0, gamma)
+
+  def step(k, q_BxV, view_BxV, live_B, tokens_BxG, q_BxGxV, n_B):
+    keep_B = live_B & ~stop.before(view_BxV, k)
+    x_B = draw(k, q_BxV)
+    tokens_BxG = jax.lax.dynamic_update_index_in_dim(tokens_BxG, jnp.where(keep_B, x_B, 0), k, 1)
+    q_BxGxV = jax.lax.dynamic_update_index_in_dim(q_BxGxV, q_BxV, k, 1)
+    go_B = keep_B & ~stop.after(view_BxV, x_B, k) & (k + 1 < limit_B)
+    return x_B, go_B, tokens_BxG, q_BxGxV, n_B + keep_B.astype(jnp.int32)
+
+  out = step(0, q_BxV, q_BxV if view_BxV is None else view_BxV, limit_B > 0,
+             jnp.zeros((b, gamma), jnp.int32), jnp.zeros((b, gamma, v), jnp.float32),
+             jnp.zeros((b,), jnp.int32))
+
+  def cond_fn(c):
+    k, _, go_B = c[0], c[1], c[2]
+    return (k < gamma) & jnp.any(go_B)
+
+  def body_fn(c):
+    k, x_B, go_B, tokens_BxG, q_BxGxV, n_B, passes, carry = c
+    carry, q_BxV, *view = advance(carry, x_B, k - 1)
+    out = step(k, q_BxV, view[0] if view else q_BxV, go_B, tokens_BxG, q_BxGxV, n_B)
+    return (k + 1, *out, passes + advance_passes, carry)
+
+  c = (jnp.int32(1), *out, jnp.int32(passes), carry)
+  _, _, _, tokens_BxG, q_BxGxV, n_B, passes, carry = jax.lax.while_loop(cond_fn, body_fn, c)
+  return Proposal(tokens_BxG=tokens_BxG, q_BxGxV=q_BxGxV, n_B=n_B, passes=passes, state=carry)
+
+
+def cut(stop: Any, tokens_BxG: jax.Array, q_BxGxV: jax.Array, limit_B: jax.Array,
+        view_BxGxV=None) -> jax.Array:
+  """n_B for a block drafted all at once: where `rollout` would have stopped each row.
+
+  For drafts whose tokens do not depend on where a row stops (i.i.d. or deterministic drafts), so
+  drafting all G slots and cutting afterwards gives the same n as drafting step by step. The rule
+  judges view_BxGxV (default q_BxGxV; see `views`). [B] int32.
+  """
+  gamma = tokens_BxG.shape[1]
+  view_BxGxV = q_BxGxV if view_BxGxV is None else view_BxGxV
+  live_B = jnp.ones(tokens_BxG.shape[:1], bool)
+  n_B = jnp.zeros(tokens_BxG.shape[:1], jnp.int32)
+  for k in range(gamma):
+    q_BxV = view_BxGxV[:, k]
+    live_B = live_B & (k < limit_B) & ~stop.before(q_BxV, k)
+    n_B = n_B + live_B.astype(jnp.int32)
+    live_B = live_B & ~stop.after(q_BxV, tokens_BxG[:, k], k)
+  return n_B
+
+
+def step_noise(gumbel_BxGxV: jax.Array, k) -> jax.Array:
+  """Step k's own slice of the block's Gumbel noise, [B, V]."""
+  return jax.lax.dynamic_index_in_dim(gumbel_BxGxV, k, axis=1, keepdims=False)
+
+
+def gumbel_draw(keys_B: jax.Array, gamma: int, vocab: int, sampling: Any,
+                noise: Callable = step_noise) -> Callable:
+  """A `draw(k, q_BxV)` for `rollout`: the argmax when greedy (no RNG at all), otherwise the
+  Gumbel-max draw from q_k with all G steps' noise made by one RNG call per row (one threefry loop
+  on XLA:CPU instead of one per step). `noise(gumbel_BxGxV, k)` picks step k's noise."""
+  if sampling.greedy:
+    return lambda k, q_BxV: jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
+  gumbel_BxGxV = jax.vmap(lambda key: jax.random.gumbel(key, (gamma, vocab), jnp.float32))(keys_B)
+  return lambda k, q_BxV: sampling_lib.sample_gumbel(noise(gumbel_BxGxV, k), q_BxV)
+
+
+def pad_after(tokens_BxG: jax.Array, n_B: jax.Array) -> jax.Array:
+  """Token slots >= n set to 0 (the padding convention of Proposal.tokens_BxG)."""
+  return jnp.where(jnp.arange(tokens_BxG.shape[1])[None, :] < n_B[:, None], tokens_BxG, 0)
