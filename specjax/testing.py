@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax.decoding import protocol
 from specjax.decoding import sampling as sampling_lib
 from specjax.models.t5 import T5Config, T5Model, init_params
 
@@ -194,16 +195,19 @@ class StubDraft:
     del max_len
     return jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
 
-  def calls_per_proposal(self, gamma):
-    return gamma
+  def commit(self, state, seq_BxN, lengths_B):
+    del seq_BxN, lengths_B
+    return state
 
-  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling):
+  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
     del lengths_B
     b, v = seq_BxN.shape[0], self.logits_V.shape[0]
     q_BxGxV = jnp.broadcast_to(sampling_lib.probs(self.logits_V, sampling), (b, gamma, v))
     keys_BxG = jax.vmap(lambda k: jax.random.split(k, gamma))(keys_B)
     draft_BxG = jax.vmap(jax.vmap(sampling_lib.sample))(keys_BxG, q_BxGxV)
-    return draft_BxG, q_BxGxV, state
+    n_B = protocol.cut(stop, draft_BxG, q_BxGxV, limit_B)
+    # passes: as many as a token-by-token draft would make (one per slot of the longest row).
+    return protocol.Proposal(protocol.pad_after(draft_BxG, n_B), q_BxGxV, n_B, jnp.max(n_B), state)
 
 
 def stub_pair(p_V, q_V):
