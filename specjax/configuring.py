@@ -76,7 +76,10 @@ _SCALARS = {str: to_str, int: to_int, float: float, bool: to_bool}
 
 
 def to_tuple(value, cast) -> tuple:
-  """'3,5' / [3, 5] / (3, 5) / 3 -> (3, 5) or (3,), each element cast."""
+  """'3,5' / [3, 5] / (3, 5) / ('a,b',) (a flag value ml_collections kept whole) / 3 -> a tuple,
+  each element cast."""
+  if isinstance(value, (list, tuple)) and len(value) == 1 and isinstance(value[0], str):
+    value = value[0]
   if isinstance(value, str):
     value = [v for v in value.replace(' ', '').split(',') if v]
   elif not isinstance(value, (list, tuple)):
