@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.sampling import sample
 
-__all__ = ['VERIFIERS', 'accept_prefix', 'alpha_terms', 'in_range', 'out_of_range', 'residual',
-           'verify', 'verify_batch', 'verify_greedy_batch']
+__all__ = ['VERIFIERS', 'accept_prefix', 'alpha_terms', 'block_verify', 'in_range', 'out_of_range',
+           'residual', 'verify', 'verify_batch', 'verify_greedy_batch']
 
 
 def in_range(tokens_xG: jax.Array, vocab: int) -> jax.Array:
@@ -152,3 +152,73 @@ def verify_batch(keys_B: jax.Array, draft_BxG: jax.Array, q_BxGxV: jax.Array,
   fn = verify_fn or VERIFIERS[verifier]
   m_B, next_B = jax.vmap(fn)(keys_B, draft_BxG, q_BxGxV, p_BxG1xV, n_B)
   return m_B, next_B, jax.vmap(alpha_terms)(q_BxGxV, p_BxG1xV)
+
+
+# ----------------------------------------------------------------------------- block verification
+
+
+def block_verify(
+  key: jax.Array, draft_tokens_G: jax.Array, q_GxV: jax.Array, p_G1xV: jax.Array, n=None
+) -> tuple[jax.Array, jax.Array]:
+  """Block verification (Sun et al., ICLR 2025, arXiv 2403.10444): `verify`'s signature and
+  contract (the block emits draft_tokens_G[:tau], then next_token; only the first n drafts count),
+  with the acceptance decided jointly over the block. Never fewer accepted drafts in expectation.
+
+  Derivation. Write q_i, p_i for the rows of draft i (0-based) given the earlier drafts, and
+  r_i = p_i(x_i) / q_i(x_i). The law is exact iff, for every i < n and prefix x^i,
+    (E)  P(tau >= i+1, X^{i+1} = x^i x) + P(tau = i, X^i = x^i, Y = x) = A_i(x^i) p_i(x),
+  where A_i(x^i) = P(tau >= i, X^i = x^i) (the (i+1)-th emitted token is then p-distributed given
+  the prefix; induction over i). Since A_{i+1}(x^i x) <= min(q(x^i x), A_i(x^i) p_i(x)), the
+  largest choice is A_i(x^i) = q(x^i) w_i with the weights
+    w_0 = 1,   w_{i+1} = min(1, w_i r_i)          (token verification has prod_j min(1, r_j) <= w_i,
+                                                    so it never accepts more)
+  and (E) then fixes the stop law and the corrected token:
+    P(tau = i | X^i) = rho_i := sum_x max(w_i p_i(x) - q_i(x), 0),
+    Y | tau = i, X^i  ~  norm(max(w_i p_i - q_i, 0))     (p_n itself when tau = n),
+    P(tau = n | X^n) = w_n.
+  w_i is not monotone in i, so tau cannot be decided left to right; it is decided right to left
+  with the whole block in view: stop at n with probability w_n, else at i = n-1, ..., 1 with
+  probability h_i = rho_i / (rho_i + 1 - w_i), else at 0. Invariant: with
+  s_i = sum_x max(q_i - w_i p_i, 0) = rho_i + 1 - w_i,  E[P(tau <= i | X^n) | X^i] = s_i
+  (base: E[1 - w_n | X^{n-1}] = s_{n-1}; step: s_i (1 - h_i) = 1 - w_i, and
+  E[1 - w_i | X^{i-1}] = s_{i-1}), hence P(tau = i | X^i) = h_i s_i = rho_i, as required.
+  Where s_i = 0 a larger index stops with probability 1, and h_i = 1 is harmless.
+
+  Greedy limit (one-hot p and q): w_i = 1 up to the first mismatch and 0 after it, rho_i = 1 only
+  at the first mismatch, so tau and next_token are exactly `verify`'s for every key.
+  """
+  G, V = q_GxV.shape
+  n = jnp.int32(G) if n is None else jnp.asarray(n, jnp.int32)
+  idx_G = jnp.arange(G)
+  x_G = draft_tokens_G.astype(jnp.int32)
+  x_Gx1 = jnp.clip(x_G, 0, V - 1)[:, None]
+  q_GxV = q_GxV.astype(jnp.float32)
+  p_G1xV = p_G1xV.astype(jnp.float32)
+  qx_G = jnp.take_along_axis(q_GxV, x_Gx1, axis=-1)[:, 0]
+  px_G = jnp.take_along_axis(p_G1xV[:G], x_Gx1, axis=-1)[:, 0]
+  tiny = jnp.finfo(jnp.float32).tiny
+  # An id outside [0, V) is never accepted (r = 0), as in `accept_prefix`.
+  log_r_G = jnp.where((px_G > 0) & in_range(x_G, V),
+                      jnp.log(jnp.maximum(px_G, tiny)) - jnp.log(jnp.maximum(qx_G, tiny)), -jnp.inf)
+  log_r_G = jnp.where(idx_G < n, log_r_G, 0.0)  # padding slots never matter
+  # log w_i = S_i - max_{j <= i} S_j with S_i = sum_{j < i} log r_j: the clamped running product.
+  s_G1 = jnp.concatenate([jnp.zeros((1,), jnp.float32), jnp.cumsum(log_r_G)])
+  w_G1 = jnp.exp(s_G1 - jax.lax.cummax(s_G1))
+  rho_G = jnp.sum(jnp.maximum(w_G1[:G, None] * p_G1xV[:G] - q_GxV, 0.0), axis=-1)
+  denom_G = rho_G + 1.0 - w_G1[:G]
+  h_G = jnp.where(denom_G > 0, rho_G / jnp.maximum(denom_G, tiny), 1.0)
+  idx_G1 = jnp.arange(G + 1)
+  h_G1 = jnp.concatenate([h_G, jnp.zeros((1,), jnp.float32)])
+  h_G1 = jnp.where(idx_G1 == n, w_G1[jnp.minimum(n, G)], jnp.where(idx_G1 > n, 0.0, h_G1))
+  key_u, key_next = jax.random.split(key)
+  stop_G1 = (jax.random.uniform(key_u, (G + 1,), dtype=jnp.float32) < h_G1) | (idx_G1 == 0)
+  tau = jnp.max(jnp.where(stop_G1, idx_G1, 0)).astype(jnp.int32)
+  p_V = p_G1xV[tau]
+  q_V = jnp.concatenate([q_GxV, jnp.zeros_like(p_V)[None]], axis=0)[tau]
+  diff_V = jnp.maximum(w_G1[tau] * p_V - q_V, 0.0)
+  total = jnp.sum(diff_V)
+  next_dist_V = jnp.where((tau < n) & (total > 0), diff_V / jnp.maximum(total, tiny), p_V)
+  return tau, sample(key_next, next_dist_V)
+
+
+VERIFIERS['block'] = block_verify
