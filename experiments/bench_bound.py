@@ -145,7 +145,7 @@ def _jitted():
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
 
-  from specjax.runner.experiment import step_loop as step  # pylint: disable=import-outside-toplevel
+  from specjax.runner.metrics import step_loop as step  # pylint: disable=import-outside-toplevel
 
   @functools.partial(jax.jit, static_argnames=('steps', 'sampling', 'max_new_tokens'))
   def ar(model, cache, lengths, rng, *, steps, sampling, max_new_tokens):
@@ -209,10 +209,10 @@ def cost_breakdown(target, draft, input_ids, gamma, temperature, args):
   }
   t = bc.interleave(fns, repeats=args.cost_repeats)
   ms = {name: 1e3 * r['median_s'] / (1 if name.endswith('init') else k) for name, r in t.items()}
-  # The sweep runner's c (specjax.runner.experiment.measure_c, its own compiled loop): a cross-check.
-  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
-  c_runner = experiment.measure_c(target, draft, input_ids, cache_len,
-                                  repeats=max(3, args.cost_repeats))
+  # The sweep runner's c (specjax.runner.metrics.measure_c, its own compiled loop): a cross-check.
+  from specjax.runner import metrics as runner_metrics  # pylint: disable=import-outside-toplevel
+  c_runner = runner_metrics.measure_c(target, draft, input_ids, cache_len,
+                                      repeats=max(3, args.cost_repeats))
   models = gamma * ms['draft_1'] + ms['target_block']
   return {
       'temperature': temperature, 'gamma': gamma,

@@ -239,28 +239,6 @@ def tiny_pair_dirs() -> tuple[Path, Path] | None:
   return target, draft
 
 
-def _quiet_transformers():
-  import transformers  # pylint: disable=import-outside-toplevel
-  transformers.logging.set_verbosity_error()
-  transformers.logging.disable_progress_bar()
-
-
-def _spread_out_(model, seed: int):
-  """Spread-out random init (as tests/conftest.py): norms U(0.5, 1.5), embedding and relative
-  tables N(0, 1), every Linear N(0, 1/fan_in): activations O(1), logits spread over many tokens,
-  greedy outputs that are not one repeated token."""
-  import torch  # pylint: disable=import-outside-toplevel
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      if name.endswith('layer_norm.weight'):
-        p.copy_(0.5 + torch.rand(p.shape, generator=gen))
-      elif 'relative_attention_bias' in name or name == 'shared.weight':
-        p.copy_(torch.randn(p.shape, generator=gen))
-      else:
-        p.copy_(torch.randn(p.shape, generator=gen) / p.shape[1] ** 0.5)
-
-
 def build_hf_pair(directory, arch: str = 'tiny', *, seed: int = 0, draft_layers: int | None = None,
                   damp: float | None = None, force: bool = False) -> tuple[Path, Path]:
   """Writes a random target and its truncated draft as HF checkpoints (transformers' own format).
@@ -279,18 +257,17 @@ def build_hf_pair(directory, arch: str = 'tiny', *, seed: int = 0, draft_layers:
     return tdir, ddir
   import torch  # pylint: disable=import-outside-toplevel
   from transformers import T5Config, T5ForConditionalGeneration  # pylint: disable=import-outside-toplevel
-  _quiet_transformers()
+  from specjax import testing  # pylint: disable=import-outside-toplevel  (imports jax: not at the top)
+  testing.quiet_transformers()
   directory.mkdir(parents=True, exist_ok=True)
   torch.manual_seed(seed)
   config = T5Config(dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, eos_token_id=1,
                     **kw)
   target = T5ForConditionalGeneration(config).eval()
-  _spread_out_(target, seed)
+  testing.spread_out_torch_(target, seed)
   untie = kw.get('tie_word_embeddings', True) is False
   if untie:
-    gen = torch.Generator().manual_seed(seed + 1)
-    head = torch.randn(target.lm_head.weight.shape, generator=gen) / config.d_model ** 0.5
-    target.lm_head.weight = torch.nn.Parameter(head)
+    testing.untie_head_(target, seed + 1)
   with torch.no_grad():
     for stack in (target.encoder, target.decoder):
       for i, blk in enumerate(stack.block):
@@ -376,7 +353,8 @@ def _test_records(n: int) -> list[dict]:
 def load_tokenizer_for(target_dir):
   """The checkpoint's tokenizer, else the shipped Bible tokenizer; None if neither is usable."""
   from specjax.models.checkpoints import load_tokenizer  # pylint: disable=import-outside-toplevel
-  _quiet_transformers()
+  from specjax.testing import quiet_transformers  # pylint: disable=import-outside-toplevel
+  quiet_transformers()
   for getter in (lambda: load_tokenizer(str(target_dir)), _bible_tokenizer):
     try:
       tok = getter()

@@ -4,7 +4,7 @@
   python experiments/profile_step.py --smoke                  # tests: a few steps
 
 The model runs `--steps` decoder steps of K tokens per row inside one compiled `fori_loop` (the
-cache carried, the argmax fed back: `specjax.runner.experiment.step_loop`), under
+cache carried, the argmax fed back: `specjax.runner.metrics.step_loop`), under
 `jax.profiler.trace(..., create_perfetto_trace=True)`. XLA records one event per executed thunk
 (on XLA:CPU: each dot, each fusion, each copy); the events are summed per kind (the thunk name
 without its numeric suffix) and divided by the number of steps, so the table says what one step
@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
   gate = bc.load_gate(args)
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  from specjax.runner.experiment import step_loop  # pylint: disable=import-outside-toplevel
+  from specjax.runner.metrics import step_loop  # pylint: disable=import-outside-toplevel
   info = bc.machine_info()
   print(f'machine: {bc.describe_machine(info)}')
   dirs = bc.tiny_pair_dirs()

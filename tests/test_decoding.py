@@ -18,7 +18,9 @@ import pytest
 
 from specjax import decoding, save_t5
 from specjax.decoding.loop import autoregressive_decode, speculative_decode
-from specjax.models.t5 import T5Config, T5Model, init_params
+from specjax import testing
+from specjax.models.t5 import T5Model, init_params
+from specjax.testing import add_noise, spread_params
 
 S, M, B = 7, 16, 8  # source length, max_new_tokens, full batch
 GAMMAS = (1, 2, 3, 5, 8)
@@ -28,43 +30,14 @@ DRAFT_NOISE = 0.1  # relative std of the noise added to the target's matrices to
 # ----------------------------------------------------------------------------- models
 
 
-def _spread(params, config, seed, *, emb=None, final_norm=1.0, rel_bias=3.0):
-  """Spread-out logits and position-dependent outputs (random greedy T5s otherwise loop at once)."""
-  params = dict(params)
-  if emb is not None:
-    # Small embeddings so the tied head does not just copy the input token forever.
-    params['shared'] = params['shared'] / jnp.std(params['shared']) * emb
-  for i, part in enumerate(('encoder', 'decoder')):
-    stack = dict(params[part])
-    key = jax.random.fold_in(jax.random.PRNGKey(seed), 100 + i)
-    stack['rel_bias'] = rel_bias * jax.random.normal(key, stack['rel_bias'].shape)
-    if part == 'decoder':
-      stack['final_norm'] = stack['final_norm'] * final_norm
-    params[part] = stack
-  return params
-
-
 def make_target(family):
-  gated = family == 'v11'
-  config = T5Config(vocab_size=64, d_model=16, d_kv=8, d_ff=32, num_layers=1, num_decoder_layers=2,
-                    num_heads=2, relative_attention_num_buckets=8,
-                    relative_attention_max_distance=16, gated=gated,
-                    tie_word_embeddings=not gated, scale_logits=not gated)
-  if gated:
-    params = _spread(init_params(config, jax.random.PRNGKey(1), scale=2.0), config, 1)
+  config = testing.tiny_config(family)
+  if config.gated:
+    params = spread_params(init_params(config, jax.random.PRNGKey(1), scale=2.0), 1)
   else:
-    params = _spread(init_params(config, jax.random.PRNGKey(1), scale=4.0), config, 1, emb=0.5,
-                     final_norm=8.0)
+    params = spread_params(init_params(config, jax.random.PRNGKey(1), scale=4.0), 1, emb=0.5,
+                           final_norm=8.0)
   return T5Model(params=params, config=config)
-
-
-def add_noise(model, eps, seed):
-  """The model with eps * std(w) Gaussian noise on every matrix (norm vectors kept)."""
-  leaves, treedef = jax.tree.flatten(model.params)
-  keys = jax.random.split(jax.random.PRNGKey(seed), len(leaves))
-  noisy = [w + eps * jnp.std(w) * jax.random.normal(k, w.shape, w.dtype) if w.ndim >= 2 else w
-           for w, k in zip(leaves, keys)]
-  return model.replace(params=jax.tree.unflatten(treedef, noisy))
 
 
 def make_prompts(seed, batch=B, vocab=64):

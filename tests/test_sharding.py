@@ -32,6 +32,7 @@ from jax.sharding import AbstractMesh, NamedSharding, PartitionSpec as P  # noqa
 
 from specjax.models import sharding as sh  # noqa: E402
 from specjax.models.t5 import T5Config, T5Model, init_params  # noqa: E402
+from specjax.testing import tiny_t5  # noqa: E402
 
 MESHES = ((1, 8), (2, 4), (8, 1))
 GAMMA, MAX_NEW = 3, 10
@@ -54,7 +55,7 @@ DRAFT_B = T5Config(vocab_size=100, d_model=16, d_kv=4, d_ff=32, num_layers=1,
 
 
 def _model(config, seed):
-  return T5Model(init_params(config, jax.random.PRNGKey(seed), scale=2.0), config)
+  return tiny_t5(config, seed, scale=2.0)
 
 
 def _inputs(vocab, seed, batch=8, length=7):
