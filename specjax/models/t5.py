@@ -275,29 +275,35 @@ def output_logits(params: Params, config: T5Config, x_BxKxD):
 
 def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
   """Decoder block without the head: hidden states [B, K, D] and the updated cache."""
-  dec = params['decoder']
   b, k = tokens_BxK.shape
   t = cache.max_len
   lengths_B = lengths_B.astype(jnp.int32)
   q_pos_BxK = lengths_B[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
   k_pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-  self_bias = position_bias(dec['rel_bias'], q_pos_BxK, k_pos_BxT, bidirectional=False,
-                            config=config)
+  self_bias = position_bias(params['decoder']['rel_bias'], q_pos_BxK, k_pos_BxT,
+                            bidirectional=False, config=config)
   causal_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
   self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, _NEG_INF)
-  cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, _NEG_INF).astype(jnp.float32)
+  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias)
 
+
+def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, write_B,
+                   self_bias_BxHxKxT):
+  """The decoder layers over a block whose keys/values are written at per-row offsets write_B,
+  with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache."""
+  dec = params['decoder']
+  cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, _NEG_INF).astype(jnp.float32)
   x = params['shared'][tokens_BxK]
   new_k, new_v = [], []
   eps = config.layer_norm_epsilon
   for i, layer in enumerate(dec['layers']):
     h = rms_norm(x, layer['self_norm'], eps)
     q = _heads(h @ layer['self_q'], config)
-    ck = _write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), lengths_B)
-    cv = _write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), lengths_B)
+    ck = _write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), write_B)
+    cv = _write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), write_B)
     new_k.append(ck)
     new_v.append(cv)
-    x = x + attend(q, ck, cv, self_bias) @ layer['self_o']
+    x = x + attend(q, ck, cv, self_bias_BxHxKxT) @ layer['self_o']
     h = rms_norm(x, layer['cross_norm'], eps)
     q = _heads(h @ layer['cross_q'], config)
     x = x + attend(q, cache.cross_k[i], cache.cross_v[i], cross_bias) @ layer['cross_o']
@@ -305,6 +311,70 @@ def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_
     x = x + feed_forward(layer, h, config)
   x = rms_norm(x, dec['final_norm'], eps)
   return x, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
+
+
+# ----------------------------------------------------------------------------- tree blocks
+#
+# A token tree of M1 nodes (node 0 the root, then the nodes depth by depth) occupies the cache
+# slots lengths[b] .. lengths[b] + M1 - 1 of row b, node j at slot lengths[b] + j. Its *position*
+# (what the relative-position bias sees) is lengths[b] + depth[j]: every root-to-leaf path reads
+# as an ordinary chain continuing the committed prefix. A node attends to the committed prefix
+# (slots < lengths[b]) and to its ancestors and itself inside the tree (anc[j, i]), nothing else.
+# After verification `gather_path` moves the accepted path into the slots of a chain.
+
+
+def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1, anc_M1xM1,
+                   offset: int, k: int):
+  """Self-attention bias [B, H, K, T] of the tree nodes offset .. offset+K-1 as queries against
+  all T cache slots: relative positions from depth, the tree mask inside the tree's slots."""
+  b = lengths_B.shape[0]
+  m1 = depth_M1.shape[0]
+  depth_M1 = jnp.asarray(depth_M1, jnp.int32)
+  slot_T = jnp.arange(t, dtype=jnp.int32)
+  node_BxT = slot_T[None, :] - lengths_B[:, None]  # tree node held by each slot (if in range)
+  in_tree_BxT = (node_BxT >= 0) & (node_BxT < m1)
+  node_BxT = jnp.clip(node_BxT, 0, m1 - 1)
+  k_pos_BxT = jnp.where(in_tree_BxT, lengths_B[:, None] + depth_M1[node_BxT], slot_T[None, :])
+  q_pos_BxK = lengths_B[:, None] + depth_M1[offset:offset + k][None, :]
+  bias = position_bias(params['decoder']['rel_bias'], q_pos_BxK, k_pos_BxT, bidirectional=False,
+                       config=config)
+  anc_KxM1 = jnp.asarray(anc_M1xM1, bool)[offset:offset + k]
+  sees_BxKxT = jnp.take(anc_KxM1, node_BxT, axis=1).transpose(1, 0, 2)
+  sees_BxKxT = jnp.where(in_tree_BxT[:, None, :], sees_BxKxT,
+                         (slot_T[None, :] < lengths_B[:, None])[:, None, :])
+  return bias + jnp.where(sees_BxKxT[:, None], 0.0, _NEG_INF)
+
+
+def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
+                depth_M1, anc_M1xM1, offset: int = 0):
+  """Feeds tree nodes offset .. offset+K-1 (tokens_BxK) of the tree rooted at slot lengths_B.
+
+  depth_M1 [M1] int: each node's depth (root 0); anc_M1xM1 [M1, M1] bool: anc[j, i] iff node i is
+  node j or one of its ancestors (both static numpy arrays). The nodes' keys/values go to slots
+  lengths_B + offset ..; ancestors of the fed nodes must already be in the cache (fed earlier, or
+  in this block). Cross-attention is unchanged. Returns float32 logits [B, K, V] (node j's row
+  predicts its children) and the cache. Requires lengths_B + M1 <= cache.max_len.
+  """
+  lengths_B = jnp.asarray(lengths_B, jnp.int32)
+  k = tokens_BxK.shape[1]
+  bias = tree_self_bias(params, config, cache.max_len, lengths_B, depth_M1, anc_M1xM1, offset, k)
+  x, cache = _decoder_stack(params, config, cache, tokens_BxK, lengths_B + offset, bias)
+  return output_logits(params, config, x), cache
+
+
+def gather_path(cache: DecoderCache, lengths_B, path_BxJ) -> DecoderCache:
+  """Moves the accepted path into chain slots: slot lengths[b] + j <- slot lengths[b] +
+  path[b, j] for j < J (path[b, 0] = 0 the root, path[b, j] >= j, so every read precedes its
+  overwrite). Slots past the accepted length hold leftovers, masked by the next call's length."""
+  lengths_B = jnp.asarray(lengths_B, jnp.int32)
+
+  def move(c_TxHxDk, start, path_J):
+    rows = jnp.take(c_TxHxDk, jnp.clip(start + path_J, 0, c_TxHxDk.shape[0] - 1), axis=0)
+    return jax.lax.dynamic_update_slice_in_dim(c_TxHxDk, rows, start, axis=0)
+
+  fix = jax.vmap(move)
+  return cache.replace(self_k=tuple(fix(c, lengths_B, path_BxJ) for c in cache.self_k),
+                       self_v=tuple(fix(c, lengths_B, path_BxJ) for c in cache.self_v))
 
 
 def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
@@ -357,6 +427,9 @@ class T5Model:
 
   def decode(self, cache, tokens, lengths):
     return decode(self.params, self.config, cache, tokens, lengths)
+
+  def decode_tree(self, cache, tokens, lengths, depth, anc, offset: int = 0):
+    return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset)
 
   def astype(self, dtype) -> 'T5Model':
     return self.replace(params=jax.tree.map(lambda p: p.astype(dtype), self.params))
