@@ -250,3 +250,20 @@ def test_custom_verify_fn_is_used_in_greedy_mode():
   assert (custom.tokens == 7).any() and int(np.sum(custom.stats.accepted)) > 0
   with pytest.raises(ValueError, match='verifier'):
     speculative_decode(target, draft, ids, verifier='nope', **kw)
+
+
+def test_stop_rule_reaches_the_draft_and_the_trace():
+  # stop= in speculative_decode: row b proposes b drafts every iteration (StopBeforeAt), the
+  # trace records n and pads the drafts past it, the histograms count it.
+  p_V = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05])
+  target, draft = testing.stub_pair(p_V, p_V[::-1])
+  out = speculative_decode(target, draft, np.full((4, 2), 3, np.int32), gamma=3, max_new_tokens=6,
+                           temperature=1.0, eos_id=-1, trace=True,
+                           stop=StopBeforeAt(k_B=(0, 1, 2, 3)))
+  proposed, drafts = np.asarray(out.trace_proposed), np.asarray(out.trace_drafts)
+  for b in range(4):
+    live = proposed[b] >= 0
+    assert live[0] and (proposed[b][live] == b).all() and (proposed[b][~live] == -1).all()
+    assert (drafts[b][:, b:] == 0).all()
+    assert np.asarray(out.stats.proposed_hist)[b, b] == np.asarray(out.stats.target_calls)[b]
+  assert (np.asarray(out.trace_accepted) <= np.maximum(proposed, -1)).all()

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.decoding import acceptance
+from specjax.decoding import acceptance, protocol
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding import stopping
 from specjax.decoding.drafts import ModelDraft
@@ -212,7 +212,8 @@ class SpecState:
       return self
     it = jnp.minimum(self.stats.iterations, self.trace_drafts.shape[1] - 1)
     return self.replace(
-        trace_drafts=self.trace_drafts.at[:, it].set(jnp.where(active_B[:, None], draft_BxG, 0)),
+        trace_drafts=self.trace_drafts.at[:, it].set(
+            jnp.where(active_B[:, None], protocol.pad_after(draft_BxG, n_B), 0)),
         trace_accepted=self.trace_accepted.at[:, it].set(jnp.where(active_B, m_B, -1)),
         trace_proposed=self.trace_proposed.at[:, it].set(jnp.where(active_B, n_B, -1)))
 
@@ -413,11 +414,11 @@ def _speculative_args(target, draft, input_ids, *, gamma, max_new_tokens, temper
                     verifier=verifier, verify_fn=verify_fn)
 
 
-def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new_tokens: int,
-                       temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, rng=None,
-                       eos_id: int | None = None, trace: bool = False,
-                       stop: stopping.StopRule | None = None, verifier: str = 'token',
-                       verify_fn=None) -> DecodeOutput:
+def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None = None,
+                       max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                       top_p: float = 1.0, rng=None, eos_id: int | None = None,
+                       trace: bool = False, stop: stopping.StopRule | None = None,
+                       verifier: str = 'token', verify_fn=None, tree=None) -> DecodeOutput:
   """Exact speculative decoding (Leviathan et al. 2023) of a batch of right-padded prompts.
 
   `draft` is a smaller T5Model or any draft of specjax.decoding.drafts (anything implementing
@@ -427,7 +428,22 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int, max_new
   the gamma slots are proposed. `verifier` names a rule of acceptance.VERIFIERS. `verify_fn`
   replaces it (signature of acceptance.verify, a module-level function), in greedy mode too: for
   research on acceptance rules and for the tests' negative controls.
+  `tree` (a branching tuple like (3, 2, 1); gamma = its depth) verifies a token tree instead of a
+  chain: specjax.decoding.tree.tree_decode (verify_fn then has tree.verify_tree's signature).
   """
+  if tree is not None:
+    from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
+    shape = tree_lib.parse_tree(tree)
+    if gamma is not None and int(gamma) != shape.depth:
+      raise ValueError(f'gamma={gamma} but tree={tree} has depth {shape.depth} (gamma = depth)')
+    if trace or stop is not None or verifier != 'token':
+      raise ValueError('tree= does not take trace, stop or verifier')
+    return tree_lib.tree_decode(target, draft, input_ids, tree=shape,
+                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id,
+                                verify_fn=verify_fn)
+  if gamma is None:
+    raise ValueError('speculative_decode: gamma is required (or tree=)')
   args, static = _speculative_args(
       target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
       temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id, trace=trace,
