@@ -33,7 +33,7 @@ setup(
     extras_require={
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.
         'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1',
-                 'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6'],
+                 'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6', 'nbconvert>=7'],
         # WMT14 / CNN-DM through Hugging Face datasets at run time (the paper's tasks).
         'data': ['datasets>=2.14'],
         # Rebuilding the shipped Bible corpus from Debian's SWORD packages.
