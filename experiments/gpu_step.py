@@ -28,6 +28,9 @@ that would not fit the remaining --budget_s is skipped and says so):
   end2end     `speculative_decode` vs `autoregressive_decode` on one prompt (batch 1, greedy):
               per-iteration time of the real while_loop programs, alpha, measured vs predicted
   end2end_t1  the same at temperature 1 (sampled; same-seed outputs differ, equal in law)
+  adaptive    (opt-in: --stages=steps,adaptive) fixed gamma vs stop rules vs block verification,
+              batch --batches, T --adaptive_temps: tokens/s, tokens per target call, draft passes,
+              predicted speedup with c and the block cost measured (bench_adaptive.compare)
   identity    greedy speculative vs autoregressive tokens, bf16 and f32 params; the target's logits
               along the autoregressive path as 1-token steps vs one teacher-forced block (the
               verification's shape): block-vs-step |d logit| against the top-2 margin
@@ -108,6 +111,13 @@ def parse_args(argv=None):
   p.add_argument('--budget_s', type=float, default=540.0, help='skip stages past this wall time')
   p.add_argument('--stages',
                  default='bandwidth,steps,floor,loop,end2end,end2end_t1,identity')
+  p.add_argument('--adaptive_gammas', default='1,2,3,5,8', help='adaptive stage: fixed gammas')
+  p.add_argument('--adaptive_block_gammas', default='5,8',
+                 help='adaptive stage: fixed gammas with block verification')
+  p.add_argument('--adaptive_rules', default='confidence:0.4,entropy:2.5,alpha',
+                 help='adaptive stage: stop rules (specjax.stopping.parse spelling)')
+  p.add_argument('--adaptive_g_max', type=int, default=8, help='adaptive stage: rules\' block width')
+  p.add_argument('--adaptive_temps', default='0,1', help='adaptive stage: temperatures')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
   bc.add_load_args(p)
@@ -418,6 +428,45 @@ def stage_end2end_t1(args, res, target, draft, ids):
   stage_end2end(args, res, target, draft, ids, temperature=1.0)
 
 
+def stage_adaptive(args, res, target, draft, ids):
+  """bench_adaptive's comparison on this device: fixed gamma vs stop rules vs block verification."""
+  import types  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import bench_adaptive as ba  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+  spec = types.SimpleNamespace(gammas=args.adaptive_gammas, block_gammas=args.adaptive_block_gammas,
+                               g_max=args.adaptive_g_max, rules=args.adaptive_rules,
+                               argmax_gammas='')
+  m, cache_len = args.max_new_tokens, args.max_new_tokens + args.adaptive_g_max + 1
+  gammas = sorted({*ba.ints(spec.gammas), *ba.ints(spec.block_gammas), spec.g_max})
+  for b in [int(x) for x in args.batches.split(',')]:
+    ids_b = ids if b == 1 else jax.random.randint(
+        jax.random.PRNGKey(100 + b), (b, ids.shape[1]), 2, target.config.vocab_size, jnp.int32)
+    c = metrics.measure_c(target, draft, ids_b, cache_len, repeats=args.repeats, steps=args.steps)
+    block_cost = {g: metrics.measure_block_cost(target, ids_b, cache_len, g, repeats=args.repeats,
+                                                steps=args.steps) for g in gammas}
+    for temperature in [float(t) for t in args.adaptive_temps.split(',')]:
+      if elapsed() > args.budget_s - 60:
+        res['skipped'].append(f'adaptive B={b} T={temperature:g}')
+        continue
+      rows, block_rows = ba.compare(
+          target, draft, np.asarray(ids_b), batch=b, temperature=temperature,
+          variants=ba.variants_for(temperature, spec, c), max_new_tokens=m,
+          repeats=max(3, args.repeats // 2), c=c, block_cost=block_cost, stat_seeds=2)
+      rec = dict(batch=b, temperature=temperature, c=c, rows=rows, block_vs_token=block_rows,
+                 block_cost={str(k): v for k, v in block_cost.items()},
+                 **ba.summarise(rows, block_rows))
+      res.setdefault('adaptive', []).append(rec)
+      bc.write_json(args.out, res)
+      print(f"\nadaptive B={b} T={temperature:g} (c {c:.3f}): best exact rule {rec['best_rule']} "
+            f"vs best fixed {rec['best_fixed']}: {rec['rule_vs_fixed']:.3f}x tokens/s", flush=True)
+      print(bc.markdown_table(rows, ba.COLUMNS))
+      if block_rows:
+        print(bc.markdown_table(block_rows, ba.BLOCK_COLUMNS), flush=True)
+
+
 def _identity_one(args, target, draft, ids, label):
   """Greedy speculative vs greedy autoregressive tokens, and why they may differ: the target's
   logits along the autoregressive path computed one token per step (as autoregressive decoding
@@ -527,7 +576,7 @@ def dry_run(args) -> dict:
     return DecoderCache(self_k=(kv,) * n, self_v=(kv,) * n, cross_k=(cr,) * n, cross_v=(cr,) * n,
                         enc_mask=jax.ShapeDtypeStruct((1, s), bool))
 
-  f = bench_bound._jitted()  # pylint: disable=protected-access
+  f = bench_bound._jitted()
   samp = decoding.make_sampling(0.0)
   key = jax.eval_shape(lambda: jax.random.PRNGKey(0))
   mdraft = decoding.as_draft(draft)
@@ -620,6 +669,7 @@ def main(argv=None) -> dict:
   run('end2end', stage_end2end, target, draft, ids, min_left_s=90 if args.shape == 'xxl' else 0)
   run('end2end_t1', stage_end2end_t1, target, draft, ids,
       min_left_s=90 if args.shape == 'xxl' else 0)
+  run('adaptive', stage_adaptive, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
 
   print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
         f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')

@@ -47,8 +47,13 @@ class ModelDraft:
   That first pass is made even when no row proposes (it keeps the invariant); every further pass
   feeds draft k at offset L+1+k while any row goes on (protocol.rollout). A row that stops after n
   drafts has fed d_1 .. d_{n-1}, which covers every prefix it can commit.
+
+  argmax=True proposes the draft's argmax at every temperature, with q the one-hot of it (the vLLM
+  choice): q is deterministic given the prefix, so the output law stays exact, and so does every
+  length rule. Stop rules still judge by the draft's processed distribution (`protocol.views`).
   """
   model: T5Model
+  argmax: bool = struct.field(pytree_node=False, default=False)
 
   @property
   def vocab_size(self) -> int:
@@ -77,11 +82,16 @@ class ModelDraft:
       return ((cache, nan | jnp.isnan(logits_Bx1xV).any()),
               *protocol.views(logits_Bx1xV[:, 0], sampling))
 
-    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling, self.step_noise)
+    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size,
+                                sampling_lib.Sampling() if self.argmax else sampling,
+                                self.step_noise)  # a greedy Sampling draws the argmax
     q_BxV, view_BxV = protocol.views(logits_BxV, sampling)
     prop = protocol.rollout(advance, (cache, jnp.isnan(logits_BxV).any()), q_BxV, draw,
                             gamma=gamma, stop=stop, limit_B=limit_B, view_BxV=view_BxV)
     cache, nan = prop.state
+    if self.argmax:  # the law each token was drawn from: a point mass on it
+      prop = prop.replace(q_BxGxV=jax.nn.one_hot(prop.tokens_BxG, self.vocab_size,
+                                                 dtype=jnp.float32))
     # A NaN in the draft poisons q (in greedy mode q is a one-hot even of NaN logits); the loop
     # checks q for NaN and stops with a clear error.
     return prop.replace(q_BxGxV=jnp.where(nan, jnp.nan, prop.q_BxGxV), state=cache)

@@ -1,0 +1,307 @@
+"""Adaptive draft length and block verification against fixed gamma, side by side in one process.
+
+  python experiments/bench_adaptive.py [--pairs=tiny,t5-small] [--batches=1,8] [--temps=0,1]
+                                       [--out=FILE.json] [--allow-loaded]
+  python experiments/bench_adaptive.py --smoke          # seconds, random smoke pair (tests)
+
+For each pair, batch size B and temperature T, every variant decodes the same test verses (in
+batches of B, right-padded to one source length, so each variant is one compiled program):
+
+  fixed g      gamma = g in --gammas (the paper), token verification
+  fixed g blk  gamma = g in --block_gammas, block verification (T > 0 only: at T = 0 block
+               verification is token verification)
+  RULE         each --rules stop rule at gamma = --g_max, token and (T > 0) block verification
+  argmax g     (T > 0) the draft proposes its argmax with q one-hot (ModelDraft(argmax=True))
+  AR           autoregressive decoding (the speedup's reference)
+
+All variants of one (pair, B, T) are timed interleaved (specjax.runner.metrics.time_interleaved:
+warm-up/compile apart, block_until_ready, median of --repeats). Reported per variant: tokens/s,
+tokens per target call (E[emitted per row per iteration]), draft passes per target call (batch
+passes per iteration, which every row waits for), alpha, and the cost model's prediction
+E[tokens per call] / (E[draft passes per call] c + block cost(gamma)) with c and the block cost
+measured (metrics.measure_c, metrics.measure_block_cost). Tokens per target call of block vs token
+verification is also measured over --stat_seeds extra seeds (untimed), with a bootstrap standard
+error over rows. The machine's load is recorded beside every table (bench_common's load gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+
+COLUMNS = [
+    ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('verifier', 'verify', ''),
+    ('tokens_per_s', 'tok/s', '.1f'), ('vs_best_fixed', 'vs best fixed', '.3f'),
+    ('vs_ar', 'vs AR', '.2f'), ('tokens_per_call', 'tok / call', '.3f'),
+    ('passes_per_call', 'passes / call', '.2f'), ('passes_per_token', 'passes / tok', '.3f'),
+    ('proposed_per_call', 'proposed / call', '.2f'), ('alpha', 'alpha', '.3f'),
+    ('predicted', 'predicted', '.2f'), ('ms', 'median ms', '.1f'),
+]
+BLOCK_COLUMNS = [
+    ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('token', 'token tok/call', '.4f'), ('block', 'block tok/call', '.4f'),
+    ('ratio', 'block / token', '.4f'), ('se', 'se', '.4f'), ('rows', 'rows', 'd'),
+]
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--pairs', default='tiny,t5-small', help='comma list of tiny, t5-small')
+  p.add_argument('--batches', default='1,8')
+  p.add_argument('--temps', default='0,1')
+  p.add_argument('--gammas', default='1,2,3,4,5,6,7,8', help='fixed gammas (token verification)')
+  p.add_argument('--block_gammas', default='4,6,8', help='fixed gammas with block verification')
+  p.add_argument('--g_max', type=int, default=8, help='block width of the stop rules')
+  p.add_argument('--rules', default='confidence:0.4,confidence:0.6,entropy:2.5,entropy:1.5,alpha',
+                 help="stop rules (specjax.stopping.parse spelling); 'alpha' gets the measured c")
+  p.add_argument('--argmax_gammas', default='3', help='(T > 0) argmax-draft gammas')
+  p.add_argument('--n', type=int, default=16, help='prompts (test verses)')
+  p.add_argument('--max_new_tokens', type=int, default=48)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--stat_seeds', type=int, default=8,
+                 help='extra untimed seeds for the block-vs-token tokens-per-call comparison')
+  p.add_argument('--out', default=None)
+  p.add_argument('--smoke', action='store_true', help='random smoke pair, 4 prompts, 1 repeat')
+  bc.add_load_args(p)
+  a = p.parse_args(argv)
+  if a.smoke:
+    a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 1
+    a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,2', '2', 3, 'alpha', '2'
+  return a
+
+
+def ints(text):
+  return [int(x) for x in str(text).split(',') if x.strip()]
+
+
+def variants_for(temperature, args, c):
+  """[(name, gamma, verifier, stop rule or None, argmax draft)] for one temperature."""
+  from specjax import stopping  # pylint: disable=import-outside-toplevel
+  sampled = temperature > 0
+  out = [(f'fixed {g}', g, 'token', None, False) for g in ints(args.gammas)]
+  if sampled:
+    out += [(f'fixed {g} blk', g, 'block', None, False) for g in ints(args.block_gammas)]
+  for text in [t for t in args.rules.split(',') if t.strip()]:
+    rule = stopping.parse(text, c=c)
+    out.append((text, args.g_max, 'token', rule, False))
+    if sampled:
+      out.append((f'{text} blk', args.g_max, 'block', rule, False))
+  if sampled:
+    out += [(f'argmax {g}', g, 'token', None, True) for g in ints(args.argmax_gammas)]
+  return out
+
+
+def _summ(stats_list):
+  """Pooled statistics of several calls (numpy SpecStats)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  emitted = np.concatenate([np.asarray(s.emitted) for s in stats_list])
+  calls = np.concatenate([np.asarray(s.target_calls) for s in stats_list])
+  proposed = sum(float(np.sum(s.proposed)) for s in stats_list)
+  iters = sum(int(s.iterations) for s in stats_list)
+  passes = sum(int(s.draft_passes) for s in stats_list)
+  a_sum = sum(float(np.sum(s.alpha_sum)) for s in stats_list)
+  a_cnt = sum(int(np.sum(s.alpha_count)) for s in stats_list)
+  return dict(emitted=emitted, calls=calls, tokens_per_call=emitted.sum() / max(calls.sum(), 1),
+              proposed_per_call=proposed / max(calls.sum(), 1),
+              passes_per_call=passes / max(iters, 1), alpha=a_sum / max(a_cnt, 1))
+
+
+def bootstrap_ratio_se(a_num, a_den, b_num, b_den, draws: int = 2000, seed: int = 0) -> float:
+  """Standard error of (sum a_num / sum a_den) / (sum b_num / sum b_den), rows resampled."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  ia = rng.integers(0, len(a_num), (draws, len(a_num)))
+  ib = rng.integers(0, len(b_num), (draws, len(b_num)))
+  ra = a_num[ia].sum(1) / np.maximum(a_den[ia].sum(1), 1)
+  rb = b_num[ib].sum(1) / np.maximum(b_den[ib].sum(1), 1)
+  return float(np.std(ra / rb))
+
+
+def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new_tokens, repeats,
+            c, block_cost, stat_seeds=0, log=print):
+  """Times every variant interleaved on the same prompts; returns (rows, block-vs-token rows).
+
+  block_cost: {gamma: measured (gamma+1)-token / 1-token target step}.
+  """
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.drafts import ModelDraft  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+
+  n = prompts_NxS.shape[0] - prompts_NxS.shape[0] % batch
+  chunks = [prompts_NxS[i:i + batch] for i in range(0, n, batch)]
+  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature)
+  drafts = {False: ModelDraft(draft)}
+  if any(v[4] for v in variants):
+    drafts[True] = ModelDraft(draft, argmax=True)
+  last = {}
+
+  def spec_fn(name, gamma, verifier, stop, argmax, seed=0):
+    def run():
+      outs = [loop.speculative_decode(target, drafts[argmax], x, gamma=gamma, stop=stop,
+                                      verifier=verifier, rng=1000 * seed + i, **kw)
+              for i, x in enumerate(chunks)]
+      last[name] = outs
+      return outs
+    return run
+
+  def ar():
+    outs = [loop.autoregressive_decode(target, x, rng=i, **kw) for i, x in enumerate(chunks)]
+    last['AR'] = outs
+    return outs
+
+  fns = {name: spec_fn(name, g, v, s, a) for name, g, v, s, a in variants}
+  fns['AR'] = ar
+  timings = metrics.time_interleaved(fns, repeats=repeats)
+  rows = []
+  for name, g, v, s, a in variants + [('AR', 1, '', None, False)]:
+    t = timings[name]
+    tokens = sum(int(np.sum(o.lengths)) for o in last[name])
+    row = dict(variant=name, gamma=g, verifier=v, ms=1e3 * t.median_s, compile_s=t.compile_s,
+               times_s=list(t.times_s), tokens=tokens, tokens_per_s=tokens / t.median_s)
+    if name != 'AR':
+      st = _summ([jax.device_get(o.stats) for o in last[name]])
+      row.update(tokens_per_call=st['tokens_per_call'], passes_per_call=st['passes_per_call'],
+                 passes_per_token=st['passes_per_call'] / max(st['tokens_per_call'], 1e-9),
+                 proposed_per_call=st['proposed_per_call'], alpha=st['alpha'],
+                 predicted=metrics.predicted_speedup(st['tokens_per_call'], st['passes_per_call'],
+                                                     c, block_cost.get(g, 1.0)),
+                 exact=bool(getattr(s, 'exact', True)))
+    rows.append(row)
+  ar_s = timings['AR'].median_s
+  fixed = [r for r in rows if r['variant'].startswith('fixed') and r['verifier'] == 'token']
+  best_fixed = max(r['tokens_per_s'] for r in fixed) if fixed else float('nan')
+  for r in rows:
+    r['vs_ar'] = ar_s / (r['ms'] / 1e3)
+    r['vs_best_fixed'] = r['tokens_per_s'] / best_fixed
+
+  block_rows = []
+  if temperature > 0 and stat_seeds:
+    pairs = [(g, f'fixed {g}', f'fixed {g} blk') for _, g, v, s, a in variants
+             if v == 'block' and s is None]
+    pairs += [(g, name[:-4], name) for name, g, v, s, a in variants
+              if v == 'block' and s is not None]
+    for g, tok_name, blk_name in pairs:
+      spec = {x[0]: x for x in variants}
+      pooled = {}
+      for which in (tok_name, blk_name):
+        _, gg, v, s, a = spec[which]
+        outs = list(last[which])
+        for seed in range(1, stat_seeds + 1):
+          outs += spec_fn(which, gg, v, s, a, seed)()
+        pooled[which] = _summ([jax.device_get(o.stats) for o in outs])
+      t_, b_ = pooled[tok_name], pooled[blk_name]
+      ratio = b_['tokens_per_call'] / t_['tokens_per_call']
+      se = ratio and bootstrap_ratio_se(b_['emitted'], b_['calls'], t_['emitted'], t_['calls'])
+      block_rows.append(dict(variant=blk_name, gamma=g, token=t_['tokens_per_call'],
+                             block=b_['tokens_per_call'], ratio=ratio, se=se,
+                             rows=len(b_['emitted'])))
+  return rows, block_rows
+
+
+def run_pair(name, args, gate=None, log=print) -> dict:
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+
+  tdir, ddir, desc = bc.resolve_pair(name, smoke=(name == 'smoke'))
+  log(f'\n== {name}: {desc}')
+  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  cfg = target.config
+  padded, ids, _ = bc.load_prompts(args.n, cfg.vocab_size, tdir, eos_id=cfg.eos_token_id)
+  cache_len = args.max_new_tokens + args.g_max + 1
+  record = {'pair': name, 'description': desc, 'settings': []}
+  for batch in ints(args.batches):
+    probe = padded[:batch]
+    c = metrics.measure_c(target, draft, probe, cache_len)
+    gammas = sorted(set(ints(args.gammas) + ints(args.block_gammas) + ints(args.argmax_gammas)
+                        + [args.g_max]))
+    block_cost = {g: metrics.measure_block_cost(target, probe, cache_len, g) for g in gammas}
+    log(f"batch {batch}: c = {c:.3f}; block cost (G+1 vs 1 token): "
+        + ', '.join(f'{g}: {block_cost[g]:.2f}' for g in gammas))
+    for temperature in [float(t) for t in args.temps.split(',')]:
+      start = gate.mark() if gate is not None else None
+      rows, block_rows = compare(
+          target, draft, np.asarray(padded), batch=batch, temperature=temperature,
+          variants=variants_for(temperature, args, c), max_new_tokens=args.max_new_tokens,
+          repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
+      setting = dict(batch=batch, temperature=temperature, c=c,
+                     block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
+                     block_vs_token=block_rows, **summarise(rows, block_rows))
+      log(f'\n{name}, batch {batch}, T = {temperature:g}, {len(ids)} prompts x '
+          f'{args.max_new_tokens} new tokens')
+      log(bc.markdown_table(rows, COLUMNS))
+      if block_rows:
+        log('block vs token verification, tokens per target call (bootstrap se over rows):')
+        log(bc.markdown_table(block_rows, BLOCK_COLUMNS))
+      log(f"best exact rule {setting['best_rule']} vs best fixed {setting['best_fixed']}: "
+          f"{setting['rule_vs_fixed']:.3f}x tokens/s")
+      if gate is not None:
+        setting['load'], line = bc.table_load(gate, start)
+        log(line)
+      record['settings'].append(setting)
+  return record
+
+
+def summarise(rows, block_rows) -> dict:
+  fixed = [r for r in rows if r['variant'].startswith('fixed') and r['verifier'] == 'token']
+  rules = [r for r in rows if not r['variant'].startswith(('fixed', 'argmax', 'AR'))
+           and r.get('exact', True)]
+  best_fixed = max(fixed, key=lambda r: r['tokens_per_s'])
+  best_rule = max(rules, key=lambda r: r['tokens_per_s']) if rules else None
+  return dict(best_fixed=best_fixed['variant'], best_rule=best_rule and best_rule['variant'],
+              rule_vs_fixed=(best_rule['tokens_per_s'] / best_fixed['tokens_per_s']
+                             if best_rule else float('nan')),
+              block_ratio_min=min((b['ratio'] for b in block_rows if b['gamma'] >= 4),
+                                  default=float('nan')))
+
+
+def plot(result, path) -> str | None:
+  """Tokens per target call against draft passes per token, one panel per (pair, B, T)."""
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), squeeze=False)
+  for ax, (pair, s) in zip(axes[0], settings):
+    for r in s['rows']:
+      if r['variant'] == 'AR':
+        continue
+      fixed = r['variant'].startswith('fixed')
+      ax.scatter(r['passes_per_token'], r['tokens_per_call'], s=18,
+                 marker='o' if fixed else '^', c='C0' if r['verifier'] == 'token' else 'C3')
+      ax.annotate(r['variant'].replace('fixed ', 'g'), (r['passes_per_token'],
+                                                        r['tokens_per_call']), fontsize=6)
+    ax.set_title(f"{pair} B={s['batch']} T={s['temperature']:g}", fontsize=9)
+    ax.set_xlabel('draft passes per token')
+    ax.set_ylabel('tokens per target call')
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  return path
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  bc.set_threads()
+  gate = bc.load_gate(args)
+  info = bc.machine_info()
+  print(bc.describe_machine(info))
+  result = {'machine': info, 'args': vars(args), 'pairs': []}
+  for name in args.pairs.split(','):
+    result['pairs'].append(run_pair(name.strip(), args, gate=gate))
+    bc.write_json(args.out, result)
+  if args.out:
+    result['plot'] = plot(result, os.path.splitext(args.out)[0] + '.png')
+  bc.finish_load(gate, result, args.out)
+  return result
+
+
+if __name__ == '__main__':
+  main()

@@ -1,0 +1,271 @@
+"""Stop rules (specjax.stopping): exact rules keep the target's law, the biased rule is caught.
+
+Shapes: N rows per rule, K rules side by side, M = 3 generated tokens, V vocab, G = G_MAX.
+
+Law tests: the setup of tests/test_exactness.py (tiny V = 12 T5 target, the first M = 3 tokens of
+N = 20,000 rows of one prompt, chi-square against the enumerated target law), at G_MAX = 3 with a
+far draft (independent weights, alpha ~ 0.6 at T = 1) and a near one (the target plus noise,
+alpha ~ 0.8). To keep compiles few, one call runs every rule side by side: rows k N .. (k+1) N - 1
+follow rule k (`ByRow`, a fixed assignment that does not depend on any sample). Rows never
+interact (acceptance, caches and statistics are per row; only the number of draft passes is
+shared), so each slice is an independent sample of its rule. One compile per (verifier,
+temperature); the near and far drafts share it (same shapes).
+
+The biased rule runs in the same calls. UnsafeDropLowConfidence(0.15) with the far draft at T = 1:
+the draft's token probabilities are spread (median max q ~ 0.2 over V = 12), so about half the
+drafts fall under 0.15 and are dropped depending on their own value -- the emitted law moves
+towards the draft's confident tokens, by far more than 20,000 rows can miss.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from chi2 import chi2_pvalue  # tests/chi2.py
+from test_exactness import M, N, PROMPT, V, exact_law, models
+from specjax import stopping
+from specjax.decoding import TRACE_COUNTS, acceptance
+from specjax.decoding.drafts import ModelDraft
+from specjax.decoding.loop import autoregressive_decode, speculative_decode
+from specjax.decoding.sampling import Sampling
+from specjax.decoding.stopping import StopRule
+from specjax.testing import add_noise, spread_params, tiny_config, tiny_t5
+
+G_MAX = 3
+SEED = 2023
+# Thresholds in the middle of the tiny models' ranges (entropy ~1.3-2.4 nats of at most log 12 =
+# 2.48; token probabilities ~0.1-0.5), so every rule stops some rows early and not others.
+EXACT_RULES = {
+    'fixed': stopping.Fixed(),
+    'confidence': stopping.Confidence(0.15),
+    'entropy': stopping.Entropy(2.1),
+    'alpha': stopping.AlphaTracked(c=0.3, prior=0.6),
+}
+UNSAFE = stopping.UnsafeDropLowConfidence(0.15)
+RULES = {**EXACT_RULES, 'unsafe': UNSAFE}
+TEMPS = {'T1': Sampling(temperature=1.0), 'T0.7': Sampling(temperature=0.7)}
+
+
+@dataclasses.dataclass(frozen=True)
+class ByRow(StopRule):
+  """Rows [k rows, (k+1) rows) follow rules[k] (a static assignment, decided before any sample)."""
+  rules: tuple = ()
+  rows: int = 1
+
+  def _pick(self, values):
+    b = values[0].shape[0]
+    group_B = jnp.arange(b) // self.rows
+    out = values[-1]
+    for k in range(len(values) - 2, -1, -1):
+      out = jnp.where(group_B == k, values[k], out)
+    return out
+
+  def limit(self, stats, gamma):
+    return self._pick([r.limit(stats, gamma) for r in self.rules])
+
+  def before(self, q_BxV, k):
+    return self._pick([r.before(q_BxV, k) for r in self.rules])
+
+  def after(self, q_BxV, x_B, k):
+    return self._pick([r.after(q_BxV, x_B, k) for r in self.rules])
+
+  def truncate(self, x_BxG, q_BxGxV, n_B):
+    return self._pick([r.truncate(x_BxG, q_BxGxV, n_B) for r in self.rules])
+
+
+ALL_ROWS = ByRow(rules=tuple(RULES.values()), rows=N)
+
+
+@functools.lru_cache(maxsize=None)
+def near_draft():
+  return add_noise(models()[0], 0.3, seed=5)
+
+
+@functools.lru_cache(maxsize=None)
+def run(temp, verifier, draft_name, verify_fn=None):
+  """One call, all rules side by side: {rule: (counts over V^3, proposed histogram [G1], alpha)}."""
+  target, far = models()
+  draft = far if draft_name == 'far' else near_draft()
+  sampling = TEMPS[temp]
+  out = speculative_decode(
+      target, draft, np.repeat(PROMPT, N * len(RULES), axis=0), gamma=G_MAX, max_new_tokens=M,
+      temperature=sampling.temperature, rng=jax.random.PRNGKey(SEED), eos_id=-1, stop=ALL_ROWS,
+      verifier=verifier, verify_fn=verify_fn)
+  tokens = np.asarray(out.tokens)
+  assert (np.asarray(out.lengths) == M).all()
+  codes = tokens @ np.array([V * V, V, 1])
+  hist = np.asarray(out.stats.proposed_hist)
+  a_sum, a_cnt = np.asarray(out.stats.alpha_sum), np.asarray(out.stats.alpha_count)
+  rows = [slice(k * N, (k + 1) * N) for k in range(len(RULES))]
+  return {name: (np.bincount(codes[r], minlength=V ** 3), hist[r].sum(0),
+                 a_sum[r].sum() / max(a_cnt[r].sum(), 1)) for name, r in zip(RULES, rows)}
+
+
+@pytest.mark.parametrize('temp', list(TEMPS))
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+@pytest.mark.parametrize('draft_name', ['far', 'near'])
+def test_exact_rules_follow_target_law(draft_name, verifier, temp):
+  law = exact_law(TEMPS[temp])
+  results = run(temp, verifier, draft_name)
+  pvalues = {}
+  for name in EXACT_RULES:
+    counts, hist, _ = results[name]
+    pvalues[name] = chi2_pvalue(counts, law)
+    if name != 'fixed':  # the rule acts: >= 5% of proposals end early, >= 5% propose a token
+      assert hist[:G_MAX].sum() > 0.05 * hist.sum() and hist[1:].sum() > 0.05 * hist.sum(), (
+          name, hist)
+  print(f'{draft_name} {verifier} {temp}: ' + ', '.join(f'{k} p = {v:.3g}'
+                                                        for k, v in pvalues.items()))
+  assert min(pvalues.values()) > 1e-3, pvalues
+
+
+@pytest.mark.parametrize('verifier', ['token', 'block'])
+def test_unsafe_drop_low_confidence_is_detected(verifier):
+  counts, hist, _ = run('T1', verifier, 'far')['unsafe']
+  p = chi2_pvalue(counts, exact_law(TEMPS['T1']))
+  print(f'control:unsafe_drop_low_confidence ({verifier}): chi-square p = {p:.3g}, proposed {hist}')
+  assert not UNSAFE.exact
+  assert p < 1e-6, p
+
+
+# A broken block verification (the token rule's residual in place of the block residual) is
+# rejected in tests/test_block_verify.py on probability trees where its bias is large (total
+# variation 0.026). Through this loop (G = 3, 3 tokens, these models) its bias is too small for
+# 80,000 rows to see (measured p = 0.13), so no loop-level run is spent on it.
+
+
+@functools.lru_cache(maxsize=None)
+def run_argmax(stop):
+  """The far draft proposing its argmax (q one-hot) at T = 1: (counts, alpha)."""
+  target, far = models()
+  out = speculative_decode(target, ModelDraft(far, argmax=True), np.repeat(PROMPT, N, axis=0),
+                           gamma=G_MAX, max_new_tokens=M, temperature=1.0,
+                           rng=jax.random.PRNGKey(SEED), eos_id=-1, stop=stop)
+  codes = np.asarray(out.tokens) @ np.array([V * V, V, 1])
+  return np.bincount(codes, minlength=V ** 3), jax.device_get(out.stats)
+
+
+def test_argmax_draft_is_exact_under_sampling():
+  # q is a point mass given the prefix: exact at T = 1, with a stop rule that acts on the draft's
+  # processed distribution too (Confidence judges q_T, not the one-hot).
+  counts, stats = run_argmax(stopping.Confidence(0.3))
+  p = chi2_pvalue(counts, exact_law(TEMPS['T1']))
+  hist = np.asarray(stats.proposed_hist).sum(0)
+  sampled_alpha = run('T1', 'token', 'far')['fixed'][2]
+  print(f'argmax draft + confidence:0.3, T = 1: chi-square p = {p:.3g}; alpha argmax '
+        f'{stats.alpha:.3f} vs sampled {sampled_alpha:.3f}; proposed {hist}')
+  assert hist[:G_MAX].sum() > 0.05 * hist.sum(), hist
+  assert p > 1e-3, p
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+GB, GS, GM = 8, 7, 16  # rows per rule, source length, max_new_tokens
+
+
+@functools.lru_cache(maxsize=None)
+def greedy_pair():
+  config = tiny_config('v11')
+  target = tiny_t5(config, seed=1, scale=2.0)
+  target = target.replace(params=spread_params(target.params, 1))
+  return target, add_noise(target, 0.1, seed=2)
+
+
+@functools.lru_cache(maxsize=None)
+def greedy_prompts():
+  rng = np.random.default_rng(0)
+  ids = rng.integers(2, 64, (GB * len(RULES), GS)).astype(np.int32)
+  ids[:, -2:] = 0  # right padding
+  return ids
+
+
+@pytest.mark.parametrize('verify_fn', [None, acceptance.block_verify], ids=['token', 'block'])
+def test_greedy_every_rule_is_token_identical(verify_fn):
+  # verify_fn=block_verify forces the block rule's own code at temperature 0 (the loop otherwise
+  # runs the batched argmax verifier for every registered rule).
+  target, draft = greedy_pair()
+  ids = greedy_prompts()
+  ref = autoregressive_decode(target, ids, max_new_tokens=GM)
+  out = speculative_decode(target, draft, ids, gamma=G_MAX, max_new_tokens=GM,
+                           stop=ByRow(rules=tuple(RULES.values()), rows=GB), verify_fn=verify_fn)
+  np.testing.assert_array_equal(out.lengths, ref.lengths)
+  np.testing.assert_array_equal(out.tokens, ref.tokens)
+  hist = np.asarray(out.stats.proposed_hist)
+  for k, name in enumerate(RULES):  # the rules act at temperature 0 too
+    h = hist[k * GB:(k + 1) * GB].sum(0)
+    if name in ('confidence', 'entropy', 'alpha'):
+      assert h[:G_MAX].sum() > 0, (name, h)
+
+
+def test_no_recompilation_for_the_same_shapes_and_rule():
+  target, draft = greedy_pair()
+  ids = greedy_prompts()[:4]
+  rule = stopping.Confidence(0.3)
+  kw = dict(gamma=G_MAX, max_new_tokens=GM, temperature=1.0, stop=rule, verifier='block')
+  speculative_decode(target, draft, ids, rng=1, **kw)
+  before = dict(TRACE_COUNTS)
+  speculative_decode(target, draft, ids[::-1].copy(), rng=2, **kw)
+  speculative_decode(target, draft, ids, rng=3, **dict(kw, stop=stopping.Confidence(0.3)))
+  assert dict(TRACE_COUNTS) == before
+
+
+# ----------------------------------------------------------------------------- the rules alone
+
+
+@dataclasses.dataclass
+class FakeStats:
+  accepted: jnp.ndarray
+  alpha_sum: jnp.ndarray
+  alpha_count: jnp.ndarray
+
+
+def test_confidence_and_entropy_hooks():
+  q = jnp.array([[0.7, 0.2, 0.1], [1 / 3, 1 / 3, 1 / 3], [1.0, 0.0, 0.0]])
+  x = jnp.array([1, 0, 0])
+  np.testing.assert_array_equal(stopping.Confidence(0.3).after(q, x, 0), [True, False, False])
+  np.testing.assert_array_equal(stopping.Confidence(0.3).before(q, 0), [False] * 3)
+  np.testing.assert_allclose(stopping.entropy(q)[1:], [np.log(3), 0.0], rtol=1e-6)
+  np.testing.assert_array_equal(stopping.Entropy(1.0).before(q, 0), [False, True, False])
+  np.testing.assert_array_equal(stopping.Entropy(1.0).after(q, x, 0), [False] * 3)
+
+
+def test_alpha_tracked_limit_is_theorem_optimal_gamma():
+  from specjax.runner.metrics import optimal_gamma
+  rule = stopping.AlphaTracked(c=0.05, prior=0.6, prior_weight=2.0)
+  stats = FakeStats(accepted=jnp.zeros(4, jnp.int32), alpha_sum=jnp.array([0.0, 3.0, 30.0, 98.0]),
+                    alpha_count=jnp.array([0, 10, 40, 100]))
+  limit = np.asarray(rule.limit(stats, 8))
+  alphas = [(s + 2 * 0.6) / (c + 2) for s, c in zip([0, 3, 30, 98], [0, 10, 40, 100])]
+  assert limit.tolist() == [optimal_gamma(a, 0.05, 8) for a in alphas]
+  assert limit[0] == optimal_gamma(0.6, 0.05, 8)  # the prior before any data
+  assert len(set(limit.tolist())) > 2
+
+
+def test_unsafe_truncates_at_the_first_low_token():
+  q = jnp.zeros((3, 4, 5)).at[:, :, 0].set(0.5).at[:, :, 1].set(0.1).at[:, :, 2].set(0.4)
+  x = jnp.array([[0, 2, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
+  n = stopping.UnsafeDropLowConfidence(0.3).truncate(x, q, jnp.array([4, 4, 2]))
+  np.testing.assert_array_equal(n, [2, 0, 2])
+  assert not stopping.UnsafeDropLowConfidence.exact
+  assert all(r.exact for r in EXACT_RULES.values())
+
+
+def test_parse_spec_and_errors():
+  assert stopping.parse('fixed') == stopping.Fixed()
+  assert stopping.parse('confidence:0.4') == stopping.Confidence(0.4)
+  assert stopping.parse('entropy:2.5') == stopping.Entropy(2.5)
+  assert stopping.parse('alpha', c=0.2) == stopping.AlphaTracked(c=0.2)
+  assert stopping.parse('unsafe:0.3') == stopping.UnsafeDropLowConfidence(0.3)
+  for text in ('fixed', 'confidence:0.4', 'entropy:2.5', 'alpha', 'unsafe:0.3'):
+    assert stopping.spec(stopping.parse(text)) == text
+  for bad in ('confident:0.4', 'confidence:x', 'confidence:1.5', 'entropy:-1', 'fixed:2',
+              'alpha:2'):
+    with pytest.raises(ValueError, match='stop rule'):
+      stopping.parse(bad)
+  # Rules are static jit arguments: equal rules hash equal.
+  assert hash(stopping.Confidence(0.4)) == hash(stopping.parse('confidence:0.4'))
