@@ -195,31 +195,48 @@ def parse_trees(spec) -> tuple[TreeShape, ...]:
 # ----------------------------------------------------------------------------- candidates
 
 
-def draw_children(logits_BxKxV, keys_B, b: int, sampling, scheme: str):
-  """b children of each of K nodes: (tokens [B, K, b] int32, q_i [B, K, b, V] f32), q_i the law
-  child i was drawn from given the earlier siblings (see the module docstring)."""
-  bsz, k, v = logits_BxKxV.shape
-  q_BxKxV = sampling_lib.probs(logits_BxKxV, sampling)
-  if sampling.greedy:  # the draft's top-b tokens, deterministic
-    _, tok_BxKxb = jax.lax.top_k(logits_BxKxV.astype(jnp.float32), b)
-    tok_BxKxb = tok_BxKxb.astype(jnp.int32)
-    return tok_BxKxb, jax.nn.one_hot(tok_BxKxb, v, dtype=jnp.float32)
+def sibling_laws(q_BxKxV, tok_BxKxb, scheme: str):
+  """q_i [B, K, b, V]: the law child i was drawn from given its earlier siblings, under `scheme`
+  ('iid': q itself; 'wor': q without the earlier siblings' tokens, renormalised, all zero once
+  q's support is used up)."""
+  bsz, k, v = q_BxKxV.shape
+  b = tok_BxKxb.shape[-1]
+  if scheme == 'iid':
+    return jnp.broadcast_to(q_BxKxV[:, :, None, :], (bsz, k, b, v))
+  if scheme != 'wor':
+    raise ValueError(f'candidates must be one of {CANDIDATES}, got {scheme!r}')
+  onehot_BxKxbxV = jax.nn.one_hot(tok_BxKxb, v, dtype=jnp.float32)
+  earlier_BxKxbxV = jnp.cumsum(onehot_BxKxbxV, axis=2) - onehot_BxKxbxV
+  qi_BxKxbxV = jnp.where(earlier_BxKxbxV > 0, 0.0, q_BxKxV[:, :, None, :])
+  total = jnp.sum(qi_BxKxbxV, axis=-1, keepdims=True)
+  return jnp.where(total > 0, qi_BxKxbxV / jnp.maximum(total, 1e-30), 0.0)
+
+
+def draw_tokens(q_BxKxV, keys_B, b: int, scheme: str):
+  """b candidate tokens [B, K, b] per node: 'iid' b independent draws from q (Gumbel-max), 'wor'
+  the sequential draw without replacement (Gumbel-top-b of log q, in order)."""
+  _, k, v = q_BxKxV.shape
   logq_BxKxV = sampling_lib._log_probs(q_BxKxV)  # pylint: disable=protected-access
   if scheme == 'iid':
     g_BxKxbxV = jax.vmap(lambda key: jax.random.gumbel(key, (k, b, v), jnp.float32))(keys_B)
-    tok_BxKxb = jnp.argmax(logq_BxKxV[:, :, None, :] + g_BxKxbxV, axis=-1).astype(jnp.int32)
-    return tok_BxKxb, jnp.broadcast_to(q_BxKxV[:, :, None, :], (bsz, k, b, v))
+    return jnp.argmax(logq_BxKxV[:, :, None, :] + g_BxKxbxV, axis=-1).astype(jnp.int32)
   if scheme != 'wor':
     raise ValueError(f'candidates must be one of {CANDIDATES}, got {scheme!r}')
   g_BxKxV = jax.vmap(lambda key: jax.random.gumbel(key, (k, v), jnp.float32))(keys_B)
-  _, tok_BxKxb = jax.lax.top_k(logq_BxKxV + g_BxKxV, b)  # Gumbel-top-b: ordered draw w/o repl.
-  tok_BxKxb = tok_BxKxb.astype(jnp.int32)
-  # q_i = q with x_1 .. x_{i-1} removed, renormalised (all zero once q's support is used up).
-  earlier_BxKxbxV = jnp.cumsum(jax.nn.one_hot(tok_BxKxb, v, dtype=jnp.float32), axis=2) - \
-      jax.nn.one_hot(tok_BxKxb, v, dtype=jnp.float32)
-  qi_BxKxbxV = jnp.where(earlier_BxKxbxV > 0, 0.0, q_BxKxV[:, :, None, :])
-  total = jnp.sum(qi_BxKxbxV, axis=-1, keepdims=True)
-  return tok_BxKxb, jnp.where(total > 0, qi_BxKxbxV / jnp.maximum(total, 1e-30), 0.0)
+  return jax.lax.top_k(logq_BxKxV + g_BxKxV, b)[1].astype(jnp.int32)
+
+
+def draw_children(logits_BxKxV, keys_B, b: int, sampling, scheme: str):
+  """b children of each of K nodes: (tokens [B, K, b] int32, q_i [B, K, b, V] f32), q_i the law
+  child i was drawn from given the earlier siblings (see the module docstring). Greedy: the
+  draft's top-b tokens, one-hot q_i."""
+  v = logits_BxKxV.shape[-1]
+  if sampling.greedy:
+    tok_BxKxb = jax.lax.top_k(logits_BxKxV.astype(jnp.float32), b)[1].astype(jnp.int32)
+    return tok_BxKxb, jax.nn.one_hot(tok_BxKxb, v, dtype=jnp.float32)
+  q_BxKxV = sampling_lib.probs(logits_BxKxV, sampling)
+  tok_BxKxb = draw_tokens(q_BxKxV, keys_B, b, scheme)
+  return tok_BxKxb, sibling_laws(q_BxKxV, tok_BxKxb, scheme)
 
 
 # ----------------------------------------------------------------------------- drafts
@@ -255,13 +272,18 @@ class TreeModelDraft:
   def init(self, input_ids_BxS, max_len: int) -> DecoderCache:
     return self.model.init_cache(input_ids_BxS, max_len)
 
+  def children(self, logits_BxKxV, keys_B, b: int, sampling):
+    """(tokens, q_i) of b children per node. (A method so that a test can inject a mislabel.)"""
+    return draw_children(logits_BxKxV, keys_B, b, sampling, self.candidates)
+
   def expand(self, cache, seq_BxN, lengths_B, keys_B, shape: TreeShape, sampling) -> TreeProposal:
     b = seq_BxN.shape[0]
     take = lambda pos_B: jnp.take_along_axis(seq_BxN, pos_B[:, None], axis=1)[:, 0]
     start_B = jnp.maximum(lengths_B - 1, 0)
     block_Bx2 = jnp.stack([take(start_B), take(start_B + 1)], 1)
     logits_Bx2xV, cache = self.model.decode(cache, block_Bx2, start_B)
-    logits_BxKxV = jnp.where((lengths_B >= 1)[:, None, None], logits_Bx2xV[:, 1:], logits_Bx2xV[:, :1])
+    logits_BxKxV = jnp.where((lengths_B >= 1)[:, None, None], logits_Bx2xV[:, 1:],
+                             logits_Bx2xV[:, :1])
     depth_M1, anc = shape.depth_of(), shape.ancestors()
     starts, sizes = shape.level_start, shape.level_size
     tokens = [take(lengths_B)[:, None]]
@@ -273,7 +295,7 @@ class TreeModelDraft:
                                                      starts[d])
         nan = nan | jnp.isnan(logits_BxKxV).any()
       keys_d = jax.vmap(lambda k, d=d: jax.random.fold_in(k, d))(keys_B)
-      tok_BxKxb, q_BxKxbxV = draw_children(logits_BxKxV, keys_d, branch, sampling, self.candidates)
+      tok_BxKxb, q_BxKxbxV = self.children(logits_BxKxV, keys_d, branch, sampling)
       tokens.append(tok_BxKxb.reshape(b, sizes[d + 1]))
       qs.append(q_BxKxbxV.reshape(b, sizes[d + 1], -1))
     q_BxMxV = jnp.concatenate(qs, axis=1)

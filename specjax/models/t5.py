@@ -327,9 +327,8 @@ def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1
                    offset: int, k: int):
   """Self-attention bias [B, H, K, T] of the tree nodes offset .. offset+K-1 as queries against
   all T cache slots: relative positions from depth, the tree mask inside the tree's slots."""
-  b = lengths_B.shape[0]
-  m1 = depth_M1.shape[0]
   depth_M1 = jnp.asarray(depth_M1, jnp.int32)
+  m1 = depth_M1.shape[0]
   slot_T = jnp.arange(t, dtype=jnp.int32)
   node_BxT = slot_T[None, :] - lengths_B[:, None]  # tree node held by each slot (if in range)
   in_tree_BxT = (node_BxT >= 0) & (node_BxT < m1)

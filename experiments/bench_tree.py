@@ -1,0 +1,188 @@
+"""Token trees against chains with the same number of verified tokens, side by side in one process.
+
+  python experiments/bench_tree.py [--pairs=tiny,t5-small] [--temps=0,1] [--trees=...]
+                                   [--gammas=7,8] [--out=FILE.json] [--allow-loaded]
+  python experiments/bench_tree.py --smoke          # seconds, random smoke pair (tests)
+
+Batch 1 (the low-latency setting trees are for). For each pair and temperature every variant
+decodes the same test verses, one prompt per call:
+
+  chain g     speculative_decode(gamma=g): the paper's chain, g verified draft tokens per call
+  tree S      speculative_decode(tree=S): M(S) verified nodes per call, depth D(S)
+  AR          autoregressive decoding
+
+Timed interleaved (specjax.runner.metrics.time_interleaved: compile apart, block_until_ready,
+median of --repeats). Tokens per target call, accepted path lengths and nodes per call are pooled
+over the timed run and --stat_seeds extra untimed seeds (sampling only); the ratio of a tree to
+the chain with the same number of verified tokens (`vs chain`) is the headline. The machine's load
+is recorded beside every table (bench_common's load gate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+
+COLUMNS = [
+    ('variant', 'variant', ''), ('verified', 'verified / call', 'd'), ('depth', 'depth', 'd'),
+    ('tokens_per_call', 'tok / call', '.3f'), ('vs_chain', 'vs chain (same verified)', '.3f'),
+    ('se', 'se', '.3f'), ('tokens_per_s', 'tok/s', '.1f'), ('vs_ar', 'vs AR', '.2f'),
+    ('ms', 'median ms', '.1f'), ('compile_s', 'compile s', '.1f'), ('hist', 'accepted hist', ''),
+]
+DEFAULT_TREES = '((2,1,1,1), (4,1), (2,3), (1,2,1,1), (3,1,1), (2,2,1))'
+
+
+def parse_args(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  p.add_argument('--pairs', default='tiny,t5-small', help='comma list of tiny, t5-small')
+  p.add_argument('--temps', default='0,1')
+  p.add_argument('--trees', default=DEFAULT_TREES, help='trees as branching tuples')
+  p.add_argument('--gammas', default='7,8', help='chain gammas to compare against')
+  p.add_argument('--n', type=int, default=8, help='prompts (test verses), batch 1 each')
+  p.add_argument('--max_new_tokens', type=int, default=48)
+  p.add_argument('--repeats', type=int, default=3)
+  p.add_argument('--stat_seeds', type=int, default=4,
+                 help='extra untimed seeds pooled into the tokens-per-call figures (T > 0)')
+  p.add_argument('--out', default=None)
+  p.add_argument('--smoke', action='store_true', help='random smoke pair, 2 prompts, 1 repeat')
+  bc.add_load_args(p)
+  args = p.parse_args(argv)
+  if args.smoke:
+    args.pairs, args.n, args.repeats, args.stat_seeds, args.max_new_tokens = 'smoke', 2, 1, 0, 12
+    args.trees, args.gammas = '((2,1),)', '3'
+  return args
+
+
+def variants(args):
+  from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
+  out = [(f'chain {g}', 'chain', int(g), int(g), int(g)) for g in args.gammas.split(',')]
+  for shape in tree_lib.parse_trees(args.trees):
+    out.append((f'tree {shape}', 'tree', shape.branching, shape.nodes, shape.depth))
+  return out
+
+
+def _pool(stats_list, kind):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  emitted = np.concatenate([np.asarray(s.emitted).ravel() for s in stats_list])
+  calls = np.concatenate([np.asarray(s.target_calls).ravel() for s in stats_list])
+  hist = sum(np.asarray(s.accepted_hist).sum(0) for s in stats_list)
+  return emitted, calls, hist.tolist()
+
+
+def bootstrap_ratio_se(ea, ca, eb, cb, n=2000, seed=0):
+  """Standard error of (sum ea / sum ca) / (sum eb / sum cb), resampling prompts."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  ia = rng.integers(0, len(ea), (n, len(ea)))
+  ib = rng.integers(0, len(eb), (n, len(eb)))
+  ra = ea[ia].sum(1) / np.maximum(ca[ia].sum(1), 1)
+  rb = eb[ib].sum(1) / np.maximum(cb[ib].sum(1), 1)
+  return float(np.std(ra / rb))
+
+
+def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens, repeats,
+            stat_seeds):
+  """Times every variant interleaved (batch 1); returns the table rows."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+
+  chunks = [prompts_NxS[i:i + 1] for i in range(prompts_NxS.shape[0])]
+  kw = dict(max_new_tokens=max_new_tokens, temperature=temperature)
+  last = {}
+
+  def spec_fn(name, kind, arg, seed=0):
+    def run():
+      key = 'tree' if kind == 'tree' else 'gamma'
+      outs = [loop.speculative_decode(target, draft, x, rng=1000 * seed + i, **{key: arg}, **kw)
+              for i, x in enumerate(chunks)]
+      last[name] = outs
+      return outs
+    return run
+
+  def ar():
+    outs = [loop.autoregressive_decode(target, x, rng=i, **kw) for i, x in enumerate(chunks)]
+    last['AR'] = outs
+    return outs
+
+  fns = {name: spec_fn(name, kind, arg) for name, kind, arg, _, _ in variants}
+  fns['AR'] = ar
+  timings = metrics.time_interleaved(fns, repeats=repeats)
+  pooled = {}
+  for name, kind, arg, _, _ in variants:
+    outs = list(last[name])
+    if temperature > 0:
+      for seed in range(1, stat_seeds + 1):
+        outs += spec_fn(name, kind, arg, seed)()
+    pooled[name] = _pool([jax.device_get(o.stats) for o in outs], kind)
+  rows = []
+  ar_s = timings['AR'].median_s
+  chains = {verified: name for name, kind, _, verified, _ in variants if kind == 'chain'}
+  for name, kind, arg, verified, depth in variants + [('AR', 'ar', None, 0, 0)]:
+    t = timings[name]
+    tokens = sum(int(np.sum(o.lengths)) for o in last[name])
+    row = dict(variant=name, verified=verified, depth=depth, ms=1e3 * t.median_s,
+               compile_s=t.compile_s, times_s=list(t.times_s), tokens=tokens,
+               tokens_per_s=tokens / t.median_s, vs_ar=ar_s / t.median_s)
+    if name in pooled:
+      e, c, hist = pooled[name]
+      row.update(tokens_per_call=float(e.sum() / max(c.sum(), 1)), hist=hist, calls=int(c.sum()))
+      ref = chains.get(verified)
+      if ref is not None and ref != name:
+        er, cr, _ = pooled[ref]
+        row['vs_chain'] = row['tokens_per_call'] / float(er.sum() / max(cr.sum(), 1))
+        row['vs_chain_of'] = ref
+        row['se'] = bootstrap_ratio_se(e, c, er, cr)
+        row['vs_chain_tokens_per_s'] = row['tokens_per_s'] / (
+            sum(int(np.sum(o.lengths)) for o in last[ref]) / timings[ref].median_s)
+    rows.append(row)
+  return rows
+
+
+def run_pair(name, args, gate=None, log=print) -> dict:
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  tdir, ddir, desc = bc.resolve_pair(name, smoke=(name == 'smoke'))
+  log(f'\n== {name}: {desc}')
+  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  cfg = target.config
+  padded, ids, _ = bc.load_prompts(args.n, cfg.vocab_size, tdir, eos_id=cfg.eos_token_id)
+  record = {'pair': name, 'description': desc, 'settings': []}
+  for temperature in [float(t) for t in args.temps.split(',')]:
+    start = gate.mark() if gate is not None else None
+    rows = compare(target, draft, np.asarray(padded), temperature=temperature,
+                   variants=variants(args), max_new_tokens=args.max_new_tokens,
+                   repeats=args.repeats, stat_seeds=args.stat_seeds)
+    setting = dict(batch=1, temperature=temperature, rows=rows)
+    log(f'\n{name}, batch 1, T = {temperature:g}, {len(ids)} prompts x {args.max_new_tokens} new '
+        f'tokens (tok / call pooled over {1 + (args.stat_seeds if temperature > 0 else 0)} seeds)')
+    log(bc.markdown_table(rows, COLUMNS))
+    if gate is not None:
+      setting['load'], line = bc.table_load(gate, start)
+      log(line)
+    record['settings'].append(setting)
+  return record
+
+
+def main(argv=None) -> dict:
+  args = parse_args(argv)
+  bc.set_threads()
+  gate = bc.load_gate(args)
+  info = bc.machine_info()
+  print(bc.describe_machine(info))
+  result = {'machine': info, 'args': vars(args), 'pairs': []}
+  for name in args.pairs.split(','):
+    result['pairs'].append(run_pair(name.strip(), args, gate=gate))
+    bc.write_json(args.out, result)
+  bc.finish_load(gate, result, args.out)
+  return result
+
+
+if __name__ == '__main__':
+  main()
