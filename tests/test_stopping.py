@@ -269,3 +269,45 @@ def test_parse_spec_and_errors():
       stopping.parse(bad)
   # Rules are static jit arguments: equal rules hash equal.
   assert hash(stopping.Confidence(0.4)) == hash(stopping.parse('confidence:0.4'))
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def test_runner_sweeps_stops_and_verifiers(tmp_path, monkeypatch):
+  import os
+  import sys
+  from specjax import testing
+  from specjax.data import bible_tokenizer
+  from specjax.errors import ConfigError
+  from specjax.runner import config as config_lib
+  from specjax.runner import experiment
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+
+  from specjax.runner import metrics
+  # Timing helpers are not what is tested here (seconds of compiles and repeats each).
+  monkeypatch.setattr(metrics, 'measure_c', lambda *a, **k: 0.25)
+  monkeypatch.setattr(metrics, 'measure_block_cost', lambda *a, **k: 1.5)
+  testing.write_random_pair(tmp_path / 'pair', bible_tokenizer())
+  c = tiny.get_config('smoke')
+  c.target, c.drafts = str(tmp_path / 'pair' / 'target'), (str(tmp_path / 'pair' / 'draft'),)
+  c.output_dir, c.compilation_cache = str(tmp_path / 'out'), ''
+  c.temperatures, c.gammas, c.num_examples, c.batch_size, c.max_new_tokens = (1.0,), (3,), 2, 2, 8
+  c.stops, c.verifiers, c.repeats = ('fixed', 'confidence:0.4'), ('block',), 1
+  for field, bad, message in (('stops', ('confident:0.4',), 'config.stops[0]: stop rule'),
+                              ('verifiers', ('blk',), 'config.verifiers')):
+    with pytest.raises(ConfigError, match=message.replace('[', r'\[').replace(']', r'\]')):
+      config_lib.run_spec(c.to_dict() | {field: bad})
+  rows = experiment.run(config_lib.run_spec(c))
+  assert sorted((r['stop'], r['verifier']) for r in rows) == [('confidence:0.4', 'block'),
+                                                              ('fixed', 'block')]
+  assert len(experiment.cells(config_lib.run_spec(c.to_dict() | {'verifiers': ('token', 'block')}))) == 4
+  for r in rows:
+    assert r['draft_passes_per_call'] > 0 and r['block_cost'] == 1.5
+    assert r['pred_improvement_measured'] == pytest.approx(metrics.predicted_speedup(
+        r['tokens_per_target_call'], r['draft_passes_per_call'], 0.25, 1.5))
+    assert sum(r['proposed_hist']) > 0
+  table = (tmp_path / 'out' / 'table.md').read_text()
+  assert '| stop | verify |' in table and 'confidence:0.4' in table
+  assert (tmp_path / 'out' / 'tokens_vs_passes.png').exists()

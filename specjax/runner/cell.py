@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.decoding import loop as decoding
+from specjax.decoding import stopping
 from specjax.runner import metrics
 from specjax.runner import paper
 from specjax.runner.prompts import Prompts, unbatch
@@ -47,8 +48,13 @@ def valid_stats(outputs, rows_valid: list[int]):
 
 
 def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts: Prompts,
-             temperature: float, gamma: int, c: float) -> CellResult:
-  """Times baseline vs speculative on the same prompts and collects alpha and quality."""
+             temperature: float, gamma: int, c: float, *, stop: str = 'fixed',
+             verifier: str = 'token', block_cost: float = 1.0) -> CellResult:
+  """Times baseline vs speculative on the same prompts and collects alpha and quality.
+
+  `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c), gamma
+  then its block width G_MAX; `verifier` names the verification rule."""
+  rule = stopping.parse(stop, c=c)
   kw = dict(max_new_tokens=spec.max_new_tokens, temperature=temperature, top_k=spec.top_k,
             top_p=spec.top_p)
   rng = jax.random.PRNGKey(spec.seed)
@@ -60,8 +66,9 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
 
   def run_spec():
     # trace=True costs one small write per iteration and feeds the trace picture for free.
-    return [decoding.speculative_decode(target, draft, b, gamma=gamma,
-                                        rng=jax.random.fold_in(rng, i), trace=True, **kw)
+    return [decoding.speculative_decode(target, draft, b, gamma=gamma, stop=rule,
+                                        verifier=verifier, rng=jax.random.fold_in(rng, i),
+                                        trace=True, **kw)
             for i, b in enumerate(batches)]
 
   outputs = {}
@@ -89,11 +96,21 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   record = {
       'task': task, 'draft': label, 'draft_path': draft_name, 'target': spec.target,
       'temperature': float(temperature), 'gamma': int(gamma), 'examples': prompts.n,
+      'stop': stop, 'verifier': verifier,
+      'proposed_per_target_call': stats.proposed_per_target_call,
+      'draft_passes_per_call': float(stats.draft_passes) / max(int(stats.iterations), 1),
+      'proposed_hist': np.asarray(stats.proposed_hist).sum(0).tolist(),
+      'block_cost': block_cost,
       'batch_size': spec.batch_size, 'max_new_tokens': spec.max_new_tokens,
       'alpha': alpha, 'acceptance_rate': stats.acceptance_rate,
       'tokens_per_target_call': stats.tokens_per_target_call,
       'tokens_per_target_call_pred': metrics.expected_tokens_per_call(alpha, gamma),
       'c': c, 'pred_improvement': metrics.walltime_improvement(alpha, gamma, c),
+      # The cost model with the measured proposal lengths (any stop rule): E[tokens per call] /
+      # (E[draft passes per call] c + block cost).
+      'pred_improvement_measured': metrics.predicted_speedup(
+          stats.tokens_per_target_call, float(stats.draft_passes) / max(int(stats.iterations), 1),
+          c, block_cost),
       'speedup': timings['baseline'].median_s / timings['speculative'].median_s,
       'baseline_s': timings['baseline'].median_s, 'speculative_s': timings['speculative'].median_s,
       'baseline_compile_s': timings['baseline'].compile_s,

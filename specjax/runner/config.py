@@ -40,6 +40,10 @@ class RunSpec:
   temperatures: tuple[float, ...] = option((0.0, 1.0), '0 = greedy (exact argmax); >0 = sampling')
   gammas: tuple[int, ...] = option((1, 2, 3, 5, 7, 10), "drafts per iteration; the paper's gamma "
                                    'is marked in the table')
+  stops: tuple[str, ...] = option(('fixed',), "stop rules (specjax.stopping): 'fixed' (the "
+                                  "paper), 'confidence:0.4', 'entropy:2.5', 'alpha' (gamma = G_MAX)")
+  verifiers: tuple[str, ...] = option(('token',), "'token' (the paper's rule) and/or 'block' "
+                                      '(block verification, Sun et al. 2025)')
   top_k: int = option(0, 'top-k filtering (0 = off)')
   top_p: float = option(1.0, 'nucleus filtering (1 = off)')
   num_examples: int = option(100, 'prompts per task (from the test split)')
@@ -85,7 +89,7 @@ def run_spec(cfg: Any) -> RunSpec:
 
 
 def _validate(spec: RunSpec):
-  for field in ('drafts', 'tasks', 'gammas', 'temperatures'):
+  for field in ('drafts', 'tasks', 'gammas', 'temperatures', 'stops', 'verifiers'):
     require(len(getattr(spec, field)) > 0, field, 'a non-empty list', getattr(spec, field))
   for task in spec.tasks:
     if task not in TASKS:
@@ -93,6 +97,14 @@ def _validate(spec: RunSpec):
                         f'{configuring.did_you_mean(task, TASKS) or " (known: " + ", ".join(TASKS) + ")"}')
   for g in spec.gammas:
     require(g >= 1, 'gammas', 'integers >= 1', g)
+  from specjax.decoding import acceptance, stopping  # pylint: disable=import-outside-toplevel
+  for i, text in enumerate(spec.stops):
+    try:
+      stopping.parse(text)
+    except ValueError as e:
+      raise ConfigError(f'config.stops[{i}]: {e}') from None
+  for v in spec.verifiers:
+    require(v in acceptance.VERIFIERS, 'verifiers', f'one of {sorted(acceptance.VERIFIERS)}', v)
   _check_sampling(spec)
   for field in ('num_examples', 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats',
                 'ngram_examples'):

@@ -78,6 +78,12 @@ def _columns(rows, describe):
       ('base / spec s', lambda r: _pair(r['baseline_s'], r['speculative_s'], '{:.3f}'), 4, True),
       (f'{metric_name} base/spec', quality, 3, True),
   ]
+  if any((r.get('stop', 'fixed'), r.get('verifier', 'token')) != ('fixed', 'token') for r in rows):
+    cols[4:4] = [('stop', lambda r: r.get('stop', 'fixed'), 9, False),
+                 ('verify', lambda r: r.get('verifier', 'token'), 9, False),
+                 ('passes/tok', lambda r: '-' if r.get('draft_passes_per_call') is None else
+                  f"{r['draft_passes_per_call'] / max(r['tokens_per_target_call'], 1e-9):.2f}",
+                  6, True)]
   if greedy:
     cols.append(('same tokens', same, 5, True))
   if any(r.get('paper_alpha') is not None for r in rows):
@@ -104,7 +110,8 @@ def results_table(rows, title: str, describe=lambda name: name, width: int | Non
   cols = _columns(rows, describe)
   cells = [[fn(r) for r in rows] for _, fn, _, _ in cols]
   constant = [h for (h, _, _, _), values in zip(cols, cells)
-              if len(rows) > 1 and len(set(values)) == 1 and h in ('task', 'draft', 'c')]
+              if len(rows) > 1 and len(set(values)) == 1
+              and h in ('task', 'draft', 'c', 'stop', 'verify')]
   facts = [f'{h} {values[0]}' for (h, _, _, _), values in zip(cols, cells)
            if h in constant and h != 'draft']
   keep = [i for i, (h, _, _, _) in enumerate(cols) if h not in constant]

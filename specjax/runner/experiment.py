@@ -31,7 +31,7 @@ from specjax.runner.results import ResultsFile  # pylint: disable=unused-import
 
 # The sweep's dimensions: (cell field, RunSpec field listing its values), outermost first.
 SWEEP = (('task', 'tasks'), ('draft', 'drafts'), ('temperature', 'temperatures'),
-         ('gamma', 'gammas'))
+         ('gamma', 'gammas'), ('stop', 'stops'), ('verifier', 'verifiers'))
 
 
 def cells(spec: RunSpec) -> list[dict[str, Any]]:
@@ -58,7 +58,8 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   draft_ids = {d: results_lib.draft_settings(spec, d, drafts_lib.SETTINGS) for d in spec.drafts}
   sweep = cells(spec)
   expected = {_key(spec, c): results_lib.cell_settings(shared, c['task'], draft_ids[c['draft']],
-                                                       c['temperature'], c['gamma'])
+                                                       c['temperature'], c['gamma'], c['stop'],
+                                                       c['verifier'])
               for c in sweep}
   current, changed = {}, set()
   for row in results.load():
@@ -121,14 +122,20 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
       draft = drafts_lib.build(spec, draft_name, target, tokenizer, task, mesh, identity)
       cache_len = spec.max_new_tokens + max(spec.gammas) + 1
       c = metrics.measure_c(target, draft, prompts.batches_NxBxS[0], cache_len)
+      # The target's (gamma+1)-token step over its 1-token step, for the variable-length cost
+      # model; measured only when the sweep has stop rules (1 = Theorem 3.8's assumption).
+      block_cost = ({g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
+                     for g in spec.gammas} if set(spec.stops) != {'fixed'} else {})
       for cell in draft_cells:
         temperature, gamma = cell['temperature'], cell['gamma']
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
         result = run_cell(spec, task, draft_name, target, draft, tokenizer, prompts,
-                          temperature, gamma, c)
+                          temperature, gamma, c, stop=cell['stop'], verifier=cell['verifier'],
+                          block_cost=block_cost.get(gamma, 1.0))
         if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
           shown = (temperature, gamma, label, result.examples)
-        if spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas):
+        if (spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas)
+            and cell['stop'] == spec.stops[0] and cell['verifier'] == spec.verifiers[0]):
           report.trace_picture(spec, task, label, tokenizer, *result.trace, gamma=gamma,
                                temperature=temperature)
         key = _key(spec, cell)

@@ -14,8 +14,12 @@ import numpy as np
 COLUMNS = [
     # header, key, format
     ('task', 'task', '{}'), ('draft', 'draft', '{}'), ('temp', 'temperature', '{:g}'),
-    ('gamma', 'gamma', '{}'), ('alpha', 'alpha', '{:.2f}'), ('accept', 'acceptance_rate', '{:.2f}'),
+    ('gamma', 'gamma', '{}'), ('stop', 'stop', '{}'), ('verify', 'verifier', '{}'),
+    ('alpha', 'alpha', '{:.2f}'), ('accept', 'acceptance_rate', '{:.2f}'),
     ('tok/call', 'tokens_per_target_call', '{:.2f}'),
+    ('proposed/call', 'proposed_per_target_call', '{:.2f}'),
+    ('passes/call', 'draft_passes_per_call', '{:.2f}'),
+    ('pred (measured lengths)', 'pred_improvement_measured', '{:.2f}X'),
     ('tok/call pred', 'tokens_per_target_call_pred', '{:.2f}'), ('c', 'c', '{:.3f}'),
     ('pred', 'pred_improvement', '{:.2f}X'), ('speedup', 'speedup', '{:.2f}X'),
     ('base s', 'baseline_s', '{:.3f}'), ('spec s', 'speculative_s', '{:.3f}'),
@@ -47,7 +51,7 @@ def _cell(row, key, fmt):
   if key == 'speedup_range':
     each = repeat_speedups(row)
     return f'{min(each):.2f}-{max(each):.2f}X' if each else '-'
-  value = row.get(key)
+  value = row.get(key, RULE_DEFAULTS.get(key))
   if value is None:
     return '-'
   if key == 'gamma' and row.get('paper_gamma'):
@@ -57,8 +61,18 @@ def _cell(row, key, fmt):
   return fmt.format(value)
 
 
+# Rows written before stop rules and verifiers were sweep dimensions ran the paper's rule.
+RULE_DEFAULTS = {'stop': 'fixed', 'verifier': 'token'}
+
+
+def rule(row) -> tuple[str, str]:
+  """(stop rule, verifier) of a row."""
+  return row.get('stop', 'fixed'), row.get('verifier', 'token')
+
+
 def sorted_rows(rows):
-  return sorted(rows, key=lambda r: (r['task'], r['draft'], r['temperature'], r['gamma']))
+  return sorted(rows, key=lambda r: (r['task'], r['draft'], r['temperature'], r['gamma'],
+                                     *rule(r)))
 
 
 def table_lines(rows) -> tuple[list[str], list[list[str]]]:
@@ -163,6 +177,9 @@ def plots(spec, rows: list[dict[str, Any]]):
   plt = _plt()
   names = _draft_names(rows)
   title = f'{pair_title(spec, rows)}; {_setting(rows)}'
+  if len({rule(r) for r in rows}) > 1:
+    tokens_vs_passes(spec, rows, title)
+    rows = [r for r in rows if rule(r) == ('fixed', 'token')] or rows  # the paper's curves
   gammas = sorted({int(r['gamma']) for r in rows})
   groups = sorted({(r['task'], r['temperature']) for r in rows})
   fig, axes = plt.subplots(1, len(groups), figsize=(1.0 + 4.2 * len(groups), 3.8), squeeze=False,
@@ -214,6 +231,39 @@ def plots(spec, rows: list[dict[str, Any]]):
   ax.set_title(f'acceptance rate alpha per draft\n{title}', fontsize=9)
   fig.tight_layout()
   fig.savefig(os.path.join(spec.output_dir, 'alpha_per_draft.png'), dpi=110)
+  plt.close(fig)
+
+
+def tokens_vs_passes(spec, rows, title):
+  """tokens_vs_passes.png: tokens per target call against draft passes per token, one point per
+  (draft, gamma, stop rule, verifier); one panel per task and temperature. Points up and to the
+  left are better: more tokens per target call for fewer draft passes per token."""
+  plt = _plt()
+  groups = sorted({(r['task'], r['temperature']) for r in rows})
+  rules = sorted({rule(r) for r in rows})
+  markers = 'os^vDP*X<>'
+  fig, axes = plt.subplots(1, len(groups), figsize=(1.0 + 4.6 * len(groups), 4.0), squeeze=False)
+  for ax, (task, temp) in zip(axes[0], groups):
+    for i, (stop, verifier) in enumerate(rules):
+      cells = sorted((r for r in rows if (r['task'], r['temperature']) == (task, temp)
+                      and rule(r) == (stop, verifier) and r.get('draft_passes_per_call') is not None),
+                     key=lambda r: (r['draft'], r['gamma']))
+      if not cells:
+        continue
+      x = [r['draft_passes_per_call'] / max(r['tokens_per_target_call'], 1e-9) for r in cells]
+      y = [r['tokens_per_target_call'] for r in cells]
+      ax.plot(x, y, markers[i % len(markers)], color=f'C{i}', label=f'{stop}, {verifier}')
+      for xi, yi, r in zip(x, y, cells):
+        ax.annotate(str(r['gamma']), (xi, yi), fontsize=6, xytext=(2, 2),
+                    textcoords='offset points')
+    ax.set_title(f'{task}, temperature {temp:g} (labels: gamma)', fontsize=9)
+    ax.set_xlabel('draft passes per token')
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel('tokens per target call')
+  axes[0][-1].legend(fontsize=7)
+  fig.suptitle(title, fontsize=9)
+  fig.tight_layout()
+  fig.savefig(os.path.join(spec.output_dir, 'tokens_vs_passes.png'), dpi=110)
   plt.close(fig)
 
 

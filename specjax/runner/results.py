@@ -57,7 +57,9 @@ class ResultsFile:
 
 
 def cell_key(record: dict[str, Any]) -> tuple:
-  return (record['task'], record['draft'], float(record['temperature']), int(record['gamma']))
+  key = (record['task'], record['draft'], float(record['temperature']), int(record['gamma']))
+  rule = (record.get('stop', 'fixed'), record.get('verifier', 'token'))
+  return key if rule == ('fixed', 'token') else key + rule  # the paper's cells keep their key
 
 
 # ----------------------------------------------------------------------------- identities
@@ -108,8 +110,11 @@ def draft_settings(spec, draft: str, registry_settings: dict[str, tuple[str, ...
 
 
 def cell_settings(run: dict[str, Any], task: str, draft: Any, temperature: float,
-                  gamma: int) -> dict[str, Any]:
-  return dict(run, task=task, draft=draft, temperature=float(temperature), gamma=int(gamma))
+                  gamma: int, stop: str = 'fixed', verifier: str = 'token') -> dict[str, Any]:
+  out = dict(run, task=task, draft=draft, temperature=float(temperature), gamma=int(gamma))
+  if (stop, verifier) != ('fixed', 'token'):  # the paper's cells keep their stored identity
+    out.update(stop=stop, verifier=verifier)
+  return out
 
 
 def settings_id(settings: dict[str, Any]) -> str:
