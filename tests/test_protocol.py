@@ -12,6 +12,7 @@ autoregressive greedy.
 """
 
 import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -267,3 +268,40 @@ def test_stop_rule_reaches_the_draft_and_the_trace():
     assert (drafts[b][:, b:] == 0).all()
     assert np.asarray(out.stats.proposed_hist)[b, b] == np.asarray(out.stats.target_calls)[b]
   assert (np.asarray(out.trace_accepted) <= np.maximum(proposed, -1)).all()
+
+
+# ----------------------------------------------------------------------------- public step API
+
+
+def test_step_api_matches_the_programs(greedy_pair):
+  # speculative_step / autoregressive_step driven from Python give the compiled loops' output.
+  from specjax import decoding  # pylint: disable=import-outside-toplevel
+  target, draft, ids = greedy_pair
+  samp, key = decoding.make_sampling(1.0), jax.random.PRNGKey(5)
+  spec_step = jax.jit(functools.partial(decoding.speculative_step, gamma=3, max_new_tokens=GM,
+                                        sampling=samp, eos_id=1))
+  state = decoding.speculative_init(target, draft, jnp.asarray(ids), key, gamma=3,
+                                    max_new_tokens=GM)
+  while not bool(state.done.all()):
+    state = spec_step(target, draft, state)
+  ref = speculative_decode(target, draft, ids, gamma=3, max_new_tokens=GM, temperature=1.0,
+                           rng=key, eos_id=1)
+  np.testing.assert_array_equal(state.lengths, ref.lengths)
+  np.testing.assert_array_equal(_generated(state.seq, state.lengths),
+                                _generated(ref.tokens, ref.lengths, 0))
+  np.testing.assert_array_equal(state.stats.accepted_hist, ref.stats.accepted_hist)
+  ar_step = jax.jit(functools.partial(decoding.autoregressive_step, max_new_tokens=GM,
+                                      sampling=samp, eos_id=1))
+  ar = decoding.autoregressive_init(target, jnp.asarray(ids), key, max_new_tokens=GM)
+  while not bool(ar.done.all()):
+    ar = ar_step(target, ar)
+  ref = autoregressive_decode(target, ids, max_new_tokens=GM, temperature=1.0, rng=key, eos_id=1)
+  np.testing.assert_array_equal(ar.lengths, ref.lengths)
+  np.testing.assert_array_equal(_generated(ar.seq, ar.lengths),
+                                _generated(ref.tokens, ref.lengths, 0))
+
+
+def _generated(tokens, lengths, first=1):
+  """The generated tokens [B, GM] (from seq when first = 1), 0 past each row's length."""
+  tokens = np.asarray(tokens)[:, first:first + GM]
+  return np.where(np.arange(GM)[None] < np.asarray(lengths)[:, None], tokens, 0)
