@@ -34,6 +34,9 @@ that would not fit the remaining --budget_s is skipped and says so):
   identity    greedy speculative vs autoregressive tokens, bf16 and f32 params; the target's logits
               along the autoregressive path as 1-token steps vs one teacher-forced block (the
               verification's shape): block-vs-step |d logit| against the top-2 margin
+  tree        (opt-in: --stages=steps,tree) token trees (--trees) vs chains with the same number
+              of verified tokens (--tree_gammas), batch 1, T --tree_temps: tokens per target call,
+              tokens/s, accepted path lengths (bench_tree.compare)
 """
 
 from __future__ import annotations
@@ -121,6 +124,10 @@ def parse_args(argv=None):
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
   bc.add_load_args(p)
+  p.add_argument('--trees', default='((2,1,1,1), (4,1), (2,3), (3,2,1))',
+                 help='tree stage: trees as branching tuples')
+  p.add_argument('--tree_gammas', default='7,8', help='tree stage: chain gammas')
+  p.add_argument('--tree_temps', default='0,1', help='tree stage: temperatures')
   p.add_argument('--dry_run', action='store_true',
                  help='only lower + compile every program for abstract inputs of --shape (checks '
                       'the XXL shapes on a CPU without allocating them; compile times)')
@@ -545,6 +552,25 @@ def stage_identity(args, res, target, draft, ids):
     del t32
 
 
+def stage_tree(args, res, target, draft, ids):
+  """bench_tree's comparison on this device: token trees vs chains, batch 1."""
+  import types  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import bench_tree as bt  # pylint: disable=import-outside-toplevel
+  spec = types.SimpleNamespace(trees=args.trees, gammas=args.tree_gammas)
+  for temperature in [float(t) for t in args.tree_temps.split(',')]:
+    if elapsed() > args.budget_s - 60:
+      res['skipped'].append(f'tree T={temperature:g}')
+      continue
+    rows = bt.compare(target, draft, np.asarray(ids), temperature=temperature,
+                      variants=bt.variants(spec), max_new_tokens=args.max_new_tokens,
+                      repeats=max(3, args.repeats // 2), stat_seeds=2)
+    res.setdefault('tree', []).append(dict(batch=1, temperature=temperature, rows=rows))
+    bc.write_json(args.out, res)
+    print(f'\ntree vs chain, batch 1, T={temperature:g}', flush=True)
+    print(bc.markdown_table(rows, bt.COLUMNS), flush=True)
+
+
 def dry_run(args) -> dict:
   """Lowers and compiles every program of the run for abstract (ShapeDtypeStruct) inputs: checks
   the XXL shapes on any backend without allocating them, and reports compile times."""
@@ -670,6 +696,8 @@ def main(argv=None) -> dict:
   run('end2end_t1', stage_end2end_t1, target, draft, ids,
       min_left_s=90 if args.shape == 'xxl' else 0)
   run('adaptive', stage_adaptive, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
+
+  run('tree', stage_tree, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
 
   print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
         f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
