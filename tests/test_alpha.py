@@ -9,83 +9,23 @@ P(n = k) = alpha^k (1 - alpha) for k < G and P(n = G) = alpha^G, alpha = sum_x m
 The paper's worked example (acceptance level) is in tests/test_acceptance.py.
 """
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.stats
-from flax import struct
 
-from specjax.decoding import acceptance, protocol
+from specjax.decoding import acceptance
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.loop import speculative_decode
 from specjax.models.t5 import T5Config, T5Model, init_params
-
-# ----------------------------------------------------------------------------- stub models
-
-
-@dataclasses.dataclass(frozen=True)
-class StubConfig:
-  vocab_size: int
-  pad_token_id: int = 0
-  eos_token_id: int = 1
-  decoder_start_token_id: int = 0
-
-
-def _logits(p_V):
-  """log p with -1e9 for zeros (float32)."""
-  p_V = np.asarray(p_V, np.float64)
-  return jnp.asarray(np.where(p_V > 0, np.log(np.where(p_V > 0, p_V, 1.0)), -1e9), jnp.float32)
-
-
-@struct.dataclass
-class StubTarget:
-  """A target whose next-token logits are `logits_V` whatever the context."""
-  logits_V: jax.Array
-  config: StubConfig = struct.field(pytree_node=False)
-
-  def init_cache(self, input_ids_BxS, max_len):
-    return jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
-
-  def decode(self, cache, tokens_BxK, lengths_B):
-    b, k = tokens_BxK.shape
-    return jnp.broadcast_to(self.logits_V, (b, k, self.logits_V.shape[0])), cache
-
-
-@struct.dataclass
-class StubDraft:
-  """A draft (specjax.decoding.drafts interface) proposing i.i.d. tokens from probs(logits_V, sampling)."""
-  logits_V: jax.Array
-
-  @property
-  def vocab_size(self):
-    return self.logits_V.shape[0]
-
-  def init(self, input_ids_BxS, max_len):
-    return jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
-
-  def commit(self, state, seq_BxN, lengths_B):
-    return state
-
-  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
-    b, v = seq_BxN.shape[0], self.logits_V.shape[0]
-    q_BxGxV = jnp.broadcast_to(sampling_lib.probs(self.logits_V, sampling), (b, gamma, v))
-    keys_BxG = jax.vmap(lambda k: jax.random.split(k, gamma))(keys_B)
-    draft_BxG = jax.vmap(jax.vmap(sampling_lib.sample))(keys_BxG, q_BxGxV)
-    n_B = protocol.cut(stop, draft_BxG, q_BxGxV, limit_B)
-    return protocol.Proposal(draft_BxG, q_BxGxV, n_B, jnp.max(n_B), state)
-
+from specjax.testing import stub_logits as _logits
+from specjax.testing import stub_pair  # stub models with known laws
 
 V = 8
 P_V = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05])
 Q_V = np.array([0.1, 0.25, 0.1, 0.2, 0.05, 0.15, 0.1, 0.05])
 B_IID, M_IID = 2000, 64
-
-
-def stub_pair(p_V, q_V):
-  return StubTarget(_logits(p_V), StubConfig(V)), StubDraft(_logits(q_V))
 
 
 def processed(p_V):
