@@ -20,8 +20,8 @@ tokens per target call (E[emitted per row per iteration]), draft passes per targ
 passes per iteration, which every row waits for), alpha, and the cost model's prediction
 E[tokens per call] / (E[draft passes per call] c + block cost(gamma)) with c and the block cost
 measured (metrics.measure_c, metrics.measure_block_cost). Tokens per target call of block vs token
-verification is also measured over --stat_seeds extra seeds (untimed), with a bootstrap standard
-error over rows. The machine's load is recorded beside every table (bench_common's load gate).
+verification (fixed gamma >= 4, T > 0) is also measured untimed on every prompt repeated
+--stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is recorded beside every table (bench_common's load gate).
 """
 
 from __future__ import annotations
@@ -61,15 +61,16 @@ def parse_args(argv=None):
   p.add_argument('--n', type=int, default=16, help='prompts (test verses)')
   p.add_argument('--max_new_tokens', type=int, default=48)
   p.add_argument('--repeats', type=int, default=3)
-  p.add_argument('--stat_seeds', type=int, default=8,
-                 help='extra untimed seeds for the block-vs-token tokens-per-call comparison')
+  p.add_argument('--stat_seeds', type=int, default=16,
+                 help='block vs token tokens per call (fixed gamma >= 4, T > 0): each prompt '
+                      'this many times in one untimed batch')
   p.add_argument('--out', default=None)
   p.add_argument('--smoke', action='store_true', help='random smoke pair, 4 prompts, 1 repeat')
   bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
-    a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 1
-    a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,2', '2', 3, 'alpha', '2'
+    a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 2
+    a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,4', '4', 4, 'alpha', '2'
   return a
 
 
@@ -140,10 +141,10 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
     drafts[True] = ModelDraft(draft, argmax=True)
   last = {}
 
-  def spec_fn(name, gamma, verifier, stop, argmax, seed=0):
+  def spec_fn(name, gamma, verifier, stop, argmax):
     def run():
       outs = [loop.speculative_decode(target, drafts[argmax], x, gamma=gamma, stop=stop,
-                                      verifier=verifier, rng=1000 * seed + i, **kw)
+                                      verifier=verifier, rng=i, **kw)
               for i, x in enumerate(chunks)]
       last[name] = outs
       return outs
@@ -181,23 +182,24 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
 
   block_rows = []
   if temperature > 0 and stat_seeds:
-    pairs = [(g, f'fixed {g}', f'fixed {g} blk') for _, g, v, s, a in variants
-             if v == 'block' and s is None]
-    pairs += [(g, name[:-4], name) for name, g, v, s, a in variants
-              if v == 'block' and s is not None]
-    for g, tok_name, blk_name in pairs:
-      spec = {x[0]: x for x in variants}
+    # Untimed: every prompt repeated `stat_seeds` times in ONE batch per variant (rows are
+    # independent samples), for fixed gammas >= 4 with block vs token verification.
+    big = np.repeat(prompts_NxS[:n], stat_seeds, axis=0)
+    by_name = {x[0]: x for x in variants}
+    for name, g, v, s, a in variants:
+      tok_name = name[:-len(' blk')]
+      if v != 'block' or s is not None or g < 4 or tok_name not in by_name:
+        continue
       pooled = {}
-      for which in (tok_name, blk_name):
-        _, gg, v, s, a = spec[which]
-        outs = list(last[which])
-        for seed in range(1, stat_seeds + 1):
-          outs += spec_fn(which, gg, v, s, a, seed)()
-        pooled[which] = _summ([jax.device_get(o.stats) for o in outs])
-      t_, b_ = pooled[tok_name], pooled[blk_name]
+      for which in (tok_name, name):
+        _, gg, vv, ss, aa = by_name[which]
+        out = loop.speculative_decode(target, drafts[aa], big, gamma=gg, stop=ss, verifier=vv,
+                                      rng=12345, **kw)
+        pooled[which] = _summ([jax.device_get(out.stats)])
+      t_, b_ = pooled[tok_name], pooled[name]
       ratio = b_['tokens_per_call'] / t_['tokens_per_call']
-      se = ratio and bootstrap_ratio_se(b_['emitted'], b_['calls'], t_['emitted'], t_['calls'])
-      block_rows.append(dict(variant=blk_name, gamma=g, token=t_['tokens_per_call'],
+      se = bootstrap_ratio_se(b_['emitted'], b_['calls'], t_['emitted'], t_['calls'])
+      block_rows.append(dict(variant=name, gamma=g, token=t_['tokens_per_call'],
                              block=b_['tokens_per_call'], ratio=ratio, se=se,
                              rows=len(b_['emitted'])))
   return rows, block_rows
