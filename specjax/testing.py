@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -213,3 +214,23 @@ class StubDraft:
 def stub_pair(p_V, q_V):
   """(StubTarget with law p_V, StubDraft with law q_V) over len(p_V) tokens."""
   return StubTarget(stub_logits(p_V), StubConfig(len(p_V))), StubDraft(stub_logits(q_V))
+
+
+@struct.dataclass
+class DraftWrapper:
+  """Delegates the draft protocol to `inner`; a fault-injecting draft overrides `propose` only."""
+  inner: Any
+
+  @property
+  def vocab_size(self) -> int:
+    return self.inner.vocab_size
+
+  def init(self, input_ids_BxS, max_len):
+    return self.inner.init(input_ids_BxS, max_len)
+
+  def commit(self, state, seq_BxN, lengths_B):
+    return self.inner.commit(state, seq_BxN, lengths_B)
+
+  def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
+    return self.inner.propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling, stop=stop,
+                              limit_B=limit_B)

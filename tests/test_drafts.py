@@ -34,25 +34,15 @@ from specjax.decoding.protocol import Proposal
 from specjax.decoding.drafts import (PromptLookupDraft, UnigramDraft, fit_bigram, fit_unigram, load_ngram,
                             save_ngram)
 from specjax.models.t5 import T5Config, T5Model, init_params
+from specjax.testing import DraftWrapper
 
 # ----------------------------------------------------------------------------- helpers
 
 
 @struct.dataclass
-class MislabeledDraft:
+class MislabeledDraft(DraftWrapper):
   """Negative control: proposes like `inner` but reports q = probs(report_log_probs_V)."""
-  inner: object
   report_log_probs_V: jax.Array
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  def init(self, input_ids_BxS, max_len):
-    return self.inner.init(input_ids_BxS, max_len)
-
-  def commit(self, state, seq_BxN, lengths_B):
-    return self.inner.commit(state, seq_BxN, lengths_B)
 
   def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
     prop = self.inner.propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling, stop=stop,

@@ -25,6 +25,7 @@ from specjax import testing
 from specjax.decoding import acceptance, protocol, stopping
 from specjax.decoding.drafts import ModelDraft
 from specjax.decoding.loop import autoregressive_decode, speculative_decode
+from specjax.testing import DraftWrapper
 from specjax.decoding.sampling import sample
 
 # ----------------------------------------------------------------------------- rollout
@@ -195,20 +196,9 @@ def test_extending_doc_shows_the_tested_example():
 
 
 @struct.dataclass
-class OffVocabDraft:
+class OffVocabDraft(DraftWrapper):
   """Broken on purpose: its first proposed token is `bad` (outside [0, V))."""
-  inner: object
   bad: int = struct.field(pytree_node=False)
-
-  @property
-  def vocab_size(self):
-    return self.inner.vocab_size
-
-  def init(self, input_ids_BxS, max_len):
-    return self.inner.init(input_ids_BxS, max_len)
-
-  def commit(self, state, seq_BxN, lengths_B):
-    return self.inner.commit(state, seq_BxN, lengths_B)
 
   def propose(self, state, seq_BxN, lengths_B, keys_B, gamma, sampling, *, stop, limit_B):
     prop = self.inner.propose(state, seq_BxN, lengths_B, keys_B, gamma, sampling, stop=stop,
