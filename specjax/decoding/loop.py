@@ -418,7 +418,8 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None =
                        max_new_tokens: int, temperature: float = 0.0, top_k: int = 0,
                        top_p: float = 1.0, rng=None, eos_id: int | None = None,
                        trace: bool = False, stop: stopping.StopRule | None = None,
-                       verifier: str = 'token', verify_fn=None, tree=None) -> DecodeOutput:
+                       verifier: str = 'token', verify_fn=None, tree=None,
+                       slots: int | None = None) -> DecodeOutput:
   """Exact speculative decoding (Leviathan et al. 2023) of a batch of right-padded prompts.
 
   `draft` is a smaller T5Model or any draft of specjax.decoding.drafts (anything implementing
@@ -430,6 +431,9 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None =
   research on acceptance rules and for the tests' negative controls.
   `tree` (a branching tuple like (3, 2, 1); gamma = its depth) verifies a token tree instead of a
   chain: specjax.decoding.tree.tree_decode (verify_fn then has tree.verify_tree's signature).
+  `slots=B` decodes the Q rows of input_ids as a queue through B rows of one loop (a finished row
+  takes the next prompt); gamma='auto' (or 'auto:G_MAX') picks gamma in 0 .. G_MAX per iteration
+  from measured costs and the running alpha: specjax.decoding.refill.
   """
   if tree is not None:
     from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
@@ -444,6 +448,15 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None =
                                 verify_fn=verify_fn)
   if gamma is None:
     raise ValueError('speculative_decode: gamma is required (or tree=)')
+  if slots is not None or isinstance(gamma, str) or not isinstance(gamma, (int, np.integer)):
+    # slots=B refills finished rows from the queue; gamma='auto' picks gamma per iteration.
+    from specjax.decoding import refill  # pylint: disable=import-outside-toplevel
+    if trace:
+      raise ValueError('speculative_decode: trace=True does not combine with slots= or gamma=auto')
+    return refill.refill_decode(target, draft, input_ids, slots=slots, gamma=gamma,
+                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id, stop=stop,
+                                verifier=verifier, verify_fn=verify_fn)
   args, static = _speculative_args(
       target, draft, input_ids, gamma=gamma, max_new_tokens=max_new_tokens,
       temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id, trace=trace,
@@ -530,8 +543,16 @@ def autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, samplin
 
 def autoregressive_decode(model: T5Model, input_ids, *, max_new_tokens: int,
                           temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0, rng=None,
-                          eos_id: int | None = None) -> DecodeOutput:
-  """The baseline: one token per target call, same model code, one jit'd while_loop."""
+                          eos_id: int | None = None, slots: int | None = None) -> DecodeOutput:
+  """The baseline: one token per target call, same model code, one jit'd while_loop.
+  `slots=B`: B rows live in the loop and a finished row takes the next prompt
+  (specjax.decoding.refill)."""
+  if slots is not None:
+    from specjax.decoding import refill  # pylint: disable=import-outside-toplevel
+    return refill.refill_decode(model, None, input_ids, slots=slots, gamma=0,
+                                max_new_tokens=max_new_tokens, temperature=temperature,
+                                top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id,
+                                what='autoregressive_decode')
   sampling = make_sampling(temperature, top_k, top_p)
   _check_inputs(input_ids, max_new_tokens, None, sampling, model.config.vocab_size, None)
   eos = model.config.eos_token_id if eos_id is None else int(eos_id)
