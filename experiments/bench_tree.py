@@ -33,6 +33,7 @@ COLUMNS = [
     ('se', 'se', '.3f'), ('tokens_per_s', 'tok/s', '.1f'), ('vs_ar', 'vs AR', '.2f'),
     ('ms', 'median ms', '.1f'), ('compile_s', 'compile s', '.1f'), ('hist', 'accepted hist', ''),
 ]
+STATS_COLUMNS = [c for c in COLUMNS if c[0] not in ('tokens_per_s', 'vs_ar', 'ms', 'compile_s')]
 DEFAULT_TREES = '((2,1,1,1), (4,1), (2,3), (1,2,1,1), (3,1,1), (2,2,1))'
 
 
@@ -48,6 +49,9 @@ def parse_args(argv=None):
   p.add_argument('--stat_seeds', type=int, default=4,
                  help='extra untimed seeds pooled into the tokens-per-call figures (T > 0)')
   p.add_argument('--out', default=None)
+  p.add_argument('--stats_only', action='store_true',
+                 help='untimed: tokens per target call only (no AR, no timing), e.g. a budget '
+                      'sweep with large trees and chains')
   p.add_argument('--smoke', action='store_true', help='random smoke pair, 2 prompts, 1 repeat')
   bc.add_load_args(p)
   args = p.parse_args(argv)
@@ -85,8 +89,9 @@ def bootstrap_ratio_se(ea, ca, eb, cb, n=2000, seed=0):
 
 
 def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens, repeats,
-            stat_seeds):
-  """Times every variant interleaved (batch 1); returns the table rows."""
+            stat_seeds, timed=True):
+  """Times every variant interleaved (batch 1); returns the table rows. timed=False: only the
+  statistics (each variant run once per seed, no AR)."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
@@ -111,8 +116,12 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
     return outs
 
   fns = {name: spec_fn(name, kind, arg) for name, kind, arg, _, _ in variants}
-  fns['AR'] = ar
-  timings = metrics.time_interleaved(fns, repeats=repeats)
+  if timed:
+    fns['AR'] = ar
+    timings = metrics.time_interleaved(fns, repeats=repeats)
+  else:
+    for fn in fns.values():
+      fn()
   pooled = {}
   for name, kind, arg, _, _ in variants:
     outs = list(last[name])
@@ -121,14 +130,14 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
         outs += spec_fn(name, kind, arg, seed)()
     pooled[name] = _pool([jax.device_get(o.stats) for o in outs], kind)
   rows = []
-  ar_s = timings['AR'].median_s
   chains = {verified: name for name, kind, _, verified, _ in variants if kind == 'chain'}
-  for name, kind, arg, verified, depth in variants + [('AR', 'ar', None, 0, 0)]:
-    t = timings[name]
+  for name, kind, arg, verified, depth in variants + ([('AR', 'ar', None, 0, 0)] if timed else []):
     tokens = sum(int(np.sum(o.lengths)) for o in last[name])
-    row = dict(variant=name, verified=verified, depth=depth, ms=1e3 * t.median_s,
-               compile_s=t.compile_s, times_s=list(t.times_s), tokens=tokens,
-               tokens_per_s=tokens / t.median_s, vs_ar=ar_s / t.median_s)
+    row = dict(variant=name, verified=verified, depth=depth, tokens=tokens)
+    if timed:
+      t, ar_s = timings[name], timings['AR'].median_s
+      row.update(ms=1e3 * t.median_s, compile_s=t.compile_s, times_s=list(t.times_s),
+                 tokens_per_s=tokens / t.median_s, vs_ar=ar_s / t.median_s)
     if name in pooled:
       e, c, hist = pooled[name]
       row.update(tokens_per_call=float(e.sum() / max(c.sum(), 1)), hist=hist, calls=int(c.sum()))
@@ -138,8 +147,9 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
         row['vs_chain'] = row['tokens_per_call'] / float(er.sum() / max(cr.sum(), 1))
         row['vs_chain_of'] = ref
         row['se'] = bootstrap_ratio_se(e, c, er, cr)
-        row['vs_chain_tokens_per_s'] = row['tokens_per_s'] / (
-            sum(int(np.sum(o.lengths)) for o in last[ref]) / timings[ref].median_s)
+        if timed:
+          row['vs_chain_tokens_per_s'] = row['tokens_per_s'] / (
+              sum(int(np.sum(o.lengths)) for o in last[ref]) / timings[ref].median_s)
     rows.append(row)
   return rows
 
@@ -158,11 +168,11 @@ def run_pair(name, args, gate=None, log=print) -> dict:
     start = gate.mark() if gate is not None else None
     rows = compare(target, draft, np.asarray(padded), temperature=temperature,
                    variants=variants(args), max_new_tokens=args.max_new_tokens,
-                   repeats=args.repeats, stat_seeds=args.stat_seeds)
+                   repeats=args.repeats, stat_seeds=args.stat_seeds, timed=not args.stats_only)
     setting = dict(batch=1, temperature=temperature, rows=rows)
     log(f'\n{name}, batch 1, T = {temperature:g}, {len(ids)} prompts x {args.max_new_tokens} new '
         f'tokens (tok / call pooled over {1 + (args.stat_seeds if temperature > 0 else 0)} seeds)')
-    log(bc.markdown_table(rows, COLUMNS))
+    log(bc.markdown_table(rows, STATS_COLUMNS if args.stats_only else COLUMNS))
     if gate is not None:
       setting['load'], line = bc.table_load(gate, start)
       log(line)

@@ -281,3 +281,34 @@ CONTROLS = {
 def test_tree_negative_controls_are_detected(name):
   p, _ = law_pvalue(f'control:{name}', SETTINGS['temp0.7'], 'far', tree=WIDE, **CONTROLS[name])
   assert p < 1e-6, (name, p)
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+def test_runner_sweeps_trees_beside_gammas(tmp_path, monkeypatch):
+  import os
+  import sys
+  from specjax import testing
+  from specjax.data import bible_tokenizer
+  from specjax.errors import ConfigError
+  from specjax.runner import config as config_lib
+  from specjax.runner import experiment
+  from specjax.runner import metrics
+  sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+
+  monkeypatch.setattr(metrics, 'measure_c', lambda *a, **k: 0.25)  # timing is not tested here
+  testing.write_random_pair(tmp_path / 'pair', bible_tokenizer())
+  c = tiny.get_config('smoke')
+  c.target, c.drafts = str(tmp_path / 'pair' / 'target'), (str(tmp_path / 'pair' / 'draft'),)
+  c.output_dir, c.compilation_cache = str(tmp_path / 'out'), ''
+  c.temperatures, c.gammas, c.num_examples, c.batch_size, c.max_new_tokens = (0.0,), (2,), 2, 2, 8
+  c.trees, c.repeats = '((2,1),)', 1
+  with pytest.raises(ConfigError, match='config.trees'):
+    config_lib.run_spec(c.to_dict() | {'trees': '((2,0),)'})
+  rows = experiment.run(config_lib.run_spec(c))
+  assert sorted((r.get('tree', ''), r['gamma']) for r in rows) == [('', 2), ('(2,1)', 2)]
+  tree_row = next(r for r in rows if r.get('tree'))
+  assert tree_row['identical_to_baseline'] and tree_row['nodes_per_target_call'] == 4
+  assert tree_row['tokens_per_target_call'] >= 1

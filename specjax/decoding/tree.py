@@ -401,6 +401,7 @@ class TreeStats:
   accepted:      [B]      accepted draft tokens
   emitted:       [B]      tokens produced by verification (m + 1 per iteration)
   verified:      [B]      tree nodes the target verified (M per call)
+  levels:        [B]      depths at which candidates were tried (m + 1, or D for a full path)
   nan:           []       a NaN appeared in the target's or draft's logits
   bad_draft:     []       a draft token id outside [0, V)
   """
@@ -411,6 +412,7 @@ class TreeStats:
   accepted: jax.Array
   emitted: jax.Array
   verified: jax.Array
+  levels: jax.Array
   nan: jax.Array
   bad_draft: jax.Array
 
@@ -419,7 +421,7 @@ class TreeStats:
     z_B = jnp.zeros((batch,), jnp.int32)
     return cls(iterations=jnp.int32(0), draft_passes=jnp.int32(0), target_calls=z_B,
                accepted_hist=jnp.zeros((batch, depth + 1), jnp.int32), accepted=z_B, emitted=z_B,
-               verified=z_B, nan=jnp.bool_(False), bad_draft=jnp.bool_(False))
+               verified=z_B, levels=z_B, nan=jnp.bool_(False), bad_draft=jnp.bool_(False))
 
   def record(self, active_B, m_B, nodes: int, passes, nan, bad) -> TreeStats:
     act_B = active_B.astype(jnp.int32)
@@ -429,7 +431,9 @@ class TreeStats:
         target_calls=self.target_calls + act_B,
         accepted_hist=self.accepted_hist + act_B[:, None] * (jnp.arange(d1)[None] == m_B[:, None]),
         accepted=self.accepted + act_B * m_B, emitted=self.emitted + act_B * (m_B + 1),
-        verified=self.verified + act_B * nodes, nan=self.nan | nan, bad_draft=self.bad_draft | bad)
+        verified=self.verified + act_B * nodes,
+        levels=self.levels + act_B * jnp.minimum(m_B + 1, d1 - 1),
+        nan=self.nan | nan, bad_draft=self.bad_draft | bad)
 
   @property
   def draft_calls(self):
@@ -442,6 +446,22 @@ class TreeStats:
   @property
   def nodes_per_target_call(self) -> float:
     return float(np.sum(self.verified) / max(int(np.sum(self.target_calls)), 1))
+
+  @property
+  def acceptance_rate(self) -> float:
+    """Per-level acceptance: accepted levels / levels tried (a chain's accepted / proposed; with
+    more candidates per node it grows, which is the point of the tree)."""
+    return float(np.sum(self.accepted) / max(int(np.sum(self.levels)), 1))
+
+  @property
+  def alpha(self) -> float:
+    """The runner's alpha column for a tree: the per-level acceptance (acceptance_rate)."""
+    return self.acceptance_rate
+
+  @property
+  def proposed_per_target_call(self) -> float:
+    """Nodes verified per target call (a chain's proposed tokens per call)."""
+    return self.nodes_per_target_call
 
   @property
   def mean_accepted(self) -> float:
@@ -460,6 +480,7 @@ class TreeStats:
         'tokens_per_target_call': self.tokens_per_target_call,
         'nodes_per_target_call': self.nodes_per_target_call,
         'mean_accepted': self.mean_accepted,
+        'acceptance_rate': self.acceptance_rate,
     }
 
 

@@ -49,11 +49,12 @@ def valid_stats(outputs, rows_valid: list[int]):
 
 def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts: Prompts,
              temperature: float, gamma: int, c: float, *, stop: str = 'fixed',
-             verifier: str = 'token', block_cost: float = 1.0) -> CellResult:
+             verifier: str = 'token', block_cost: float = 1.0, tree: str = '') -> CellResult:
   """Times baseline vs speculative on the same prompts and collects alpha and quality.
 
   `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c), gamma
-  then its block width G_MAX; `verifier` names the verification rule."""
+  then its block width G_MAX; `verifier` names the verification rule. A `tree` ('(3,2,1)')
+  decodes with that token tree instead (specjax.decoding.tree; no trace picture)."""
   rule = stopping.parse(stop, c=c)
   kw = dict(max_new_tokens=spec.max_new_tokens, temperature=temperature, top_k=spec.top_k,
             top_p=spec.top_p)
@@ -65,6 +66,10 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
             for i, b in enumerate(batches)]
 
   def run_spec():
+    if tree:
+      return [decoding.speculative_decode(target, draft, b, tree=tree,
+                                          rng=jax.random.fold_in(rng, i), **kw)
+              for i, b in enumerate(batches)]
     # trace=True costs one small write per iteration and feeds the trace picture for free.
     return [decoding.speculative_decode(target, draft, b, gamma=gamma, stop=rule,
                                         verifier=verifier, rng=jax.random.fold_in(rng, i),
@@ -99,7 +104,7 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
       'stop': stop, 'verifier': verifier,
       'proposed_per_target_call': stats.proposed_per_target_call,
       'draft_passes_per_call': float(stats.draft_passes) / max(int(stats.iterations), 1),
-      'proposed_hist': np.asarray(stats.proposed_hist).sum(0).tolist(),
+      'proposed_hist': (np.asarray(stats.proposed_hist).sum(0).tolist() if not tree else []),
       'block_cost': block_cost,
       'batch_size': spec.batch_size, 'max_new_tokens': spec.max_new_tokens,
       'alpha': alpha, 'acceptance_rate': stats.acceptance_rate,
@@ -132,7 +137,10 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   examples = [{'source': s, 'reference': r, 'baseline': b, 'speculative': p}
               for s, r, b, p in zip(prompts.sources, prompts.references, base_text,
                                     spec_text)][:spec.show_examples]
-  first = spec_out[0]
-  trace = (np.asarray(first.trace_drafts[0]), np.asarray(first.trace_accepted[0]),
-           np.asarray(first.tokens[0])[:int(first.lengths[0])])
+  if tree:
+    record.update(tree=tree, nodes_per_target_call=stats.nodes_per_target_call)
+  first, trace = spec_out[0], None
+  if not tree:
+    trace = (np.asarray(first.trace_drafts[0]), np.asarray(first.trace_accepted[0]),
+             np.asarray(first.tokens[0])[:int(first.lengths[0])])
   return CellResult(record, examples, trace)

@@ -44,6 +44,9 @@ class RunSpec:
                                   "paper), 'confidence:0.4', 'entropy:2.5', 'alpha' (gamma = G_MAX)")
   verifiers: tuple[str, ...] = option(('token',), "'token' (the paper's rule) and/or 'block' "
                                       '(block verification, Sun et al. 2025)')
+  trees: str = option('', "token trees beside the gammas, e.g. '((3,2,1), (2,2,2,1))': one cell "
+                      'per tree (branching per depth; gamma = depth; model drafts; '
+                      'specjax.decoding.tree)')
   top_k: int = option(0, 'top-k filtering (0 = off)')
   top_p: float = option(1.0, 'nucleus filtering (1 = off)')
   num_examples: int = option(100, 'prompts per task (from the test split)')
@@ -105,6 +108,12 @@ def _validate(spec: RunSpec):
       raise ConfigError(f'config.stops[{i}]: {e}') from None
   for v in spec.verifiers:
     require(v in acceptance.VERIFIERS, 'verifiers', f'one of {sorted(acceptance.VERIFIERS)}', v)
+  if spec.trees:
+    from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
+    try:
+      tree_lib.parse_trees(spec.trees)
+    except ValueError as e:
+      raise ConfigError(f'config.trees: {e}') from None
   _check_sampling(spec)
   for field in ('num_examples', 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats',
                 'ngram_examples'):

@@ -39,6 +39,12 @@ def cells(spec: RunSpec) -> list[dict[str, Any]]:
   out = [{}]
   for name, field in SWEEP:
     out = [dict(c, **{name: v}) for c in out for v in getattr(spec, field)]
+  if spec.trees:  # one cell per tree beside the gammas (gamma = its depth, the paper's rule)
+    from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
+    out += [dict(task=t, draft=d, temperature=x, gamma=s.depth, stop='fixed', verifier='token',
+                 tree=str(s))
+            for t in spec.tasks for d in spec.drafts for x in spec.temperatures
+            for s in tree_lib.parse_trees(spec.trees)]
   return out
 
 
@@ -59,7 +65,7 @@ def run(spec: RunSpec, out=None) -> list[dict[str, Any]]:
   sweep = cells(spec)
   expected = {_key(spec, c): results_lib.cell_settings(shared, c['task'], draft_ids[c['draft']],
                                                        c['temperature'], c['gamma'], c['stop'],
-                                                       c['verifier'])
+                                                       c['verifier'], c.get('tree', ''))
               for c in sweep}
   current, changed = {}, set()
   for row in results.load():
@@ -131,11 +137,12 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
         result = run_cell(spec, task, draft_name, target, draft, tokenizer, prompts,
                           temperature, gamma, c, stop=cell['stop'], verifier=cell['verifier'],
-                          block_cost=block_cost.get(gamma, 1.0))
+                          block_cost=block_cost.get(gamma, 1.0), tree=cell.get('tree', ''))
         if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
           shown = (temperature, gamma, label, result.examples)
         if (spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas)
-            and cell['stop'] == spec.stops[0] and cell['verifier'] == spec.verifiers[0]):
+            and cell['stop'] == spec.stops[0] and cell['verifier'] == spec.verifiers[0]
+            and not cell.get('tree')):
           report.trace_picture(spec, task, label, tokenizer, *result.trace, gamma=gamma,
                                temperature=temperature)
         key = _key(spec, cell)

@@ -59,7 +59,8 @@ class ResultsFile:
 def cell_key(record: dict[str, Any]) -> tuple:
   key = (record['task'], record['draft'], float(record['temperature']), int(record['gamma']))
   rule = (record.get('stop', 'fixed'), record.get('verifier', 'token'))
-  return key if rule == ('fixed', 'token') else key + rule  # the paper's cells keep their key
+  key = key if rule == ('fixed', 'token') else key + rule  # the paper's cells keep their key
+  return key + ('tree', record['tree']) if record.get('tree') else key
 
 
 # ----------------------------------------------------------------------------- identities
@@ -110,10 +111,13 @@ def draft_settings(spec, draft: str, registry_settings: dict[str, tuple[str, ...
 
 
 def cell_settings(run: dict[str, Any], task: str, draft: Any, temperature: float,
-                  gamma: int, stop: str = 'fixed', verifier: str = 'token') -> dict[str, Any]:
+                  gamma: int, stop: str = 'fixed', verifier: str = 'token',
+                  tree: str = '') -> dict[str, Any]:
   out = dict(run, task=task, draft=draft, temperature=float(temperature), gamma=int(gamma))
   if (stop, verifier) != ('fixed', 'token'):  # the paper's cells keep their stored identity
     out.update(stop=stop, verifier=verifier)
+  if tree:
+    out.update(tree=tree)
   return out
 
 
