@@ -84,6 +84,8 @@ def _columns(rows, describe):
                  ('passes/tok', lambda r: '-' if r.get('draft_passes_per_call') is None else
                   f"{r['draft_passes_per_call'] / max(r['tokens_per_target_call'], 1e-9):.2f}",
                   6, True)]
+  if any(r.get('tree') for r in rows):
+    cols[4:4] = [('tree', lambda r: r.get('tree') or '-', 9, False)]
   if greedy:
     cols.append(('same tokens', same, 5, True))
   if any(r.get('paper_alpha') is not None for r in rows):

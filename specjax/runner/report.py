@@ -15,6 +15,7 @@ COLUMNS = [
     # header, key, format
     ('task', 'task', '{}'), ('draft', 'draft', '{}'), ('temp', 'temperature', '{:g}'),
     ('gamma', 'gamma', '{}'), ('stop', 'stop', '{}'), ('verify', 'verifier', '{}'),
+    ('tree', 'tree', '{}'),
     ('alpha', 'alpha', '{:.2f}'), ('accept', 'acceptance_rate', '{:.2f}'),
     ('tok/call', 'tokens_per_target_call', '{:.2f}'),
     ('proposed/call', 'proposed_per_target_call', '{:.2f}'),
@@ -72,7 +73,7 @@ def rule(row) -> tuple[str, str]:
 
 def sorted_rows(rows):
   return sorted(rows, key=lambda r: (r['task'], r['draft'], r['temperature'], r['gamma'],
-                                     *rule(r)))
+                                     *rule(r), r.get('tree', '')))
 
 
 def table_lines(rows) -> tuple[list[str], list[list[str]]]:
