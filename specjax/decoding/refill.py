@@ -58,11 +58,17 @@ class Auto:
   """gamma='auto': choose gamma in 0 .. g_max per iteration (static, hashable).
 
   alpha = (sum of beta terms of finished iterations + prior_weight * prior) / (count +
-  prior_weight), over all requests so far (the paper's alpha, Cor. 3.6).
+  prior_weight), over all requests so far (the paper's alpha, Cor. 3.6). gamma = 0 steps measure
+  no alpha, so once chosen gamma 0 stays; `probe_every` > 0 runs one gamma = 1 iteration after
+  that many gamma = 0 iterations in a row (a fresh alpha; it costs the draft's resync pass).
+  `costs` ((target cost for K = 1 .. g_max + 1, draft cost)) fixes the cost curve instead of
+  measuring it (measure_costs); it is passed to the program as data (no recompilation).
   """
   g_max: int = 5
   prior: float = 0.6
   prior_weight: float = 2.0
+  probe_every: int = 0
+  costs: tuple | None = None
 
 
 @struct.dataclass
@@ -115,6 +121,7 @@ class RefillState:
   out_tokens [Q, M], out_lengths [Q], out_stats (SpecStats [Q]): per request
   alpha_sum, alpha_count: [] float32  beta terms of all finished iterations (gamma='auto')
   stale:        [] bool    the draft's state lags the prefix (after gamma = 0 steps)
+  plain_run:    [] int32   gamma = 0 iterations in a row (Auto.probe_every)
   gamma_hist [G1], gamma_trace [I]
   """
   seq: jax.Array
@@ -131,6 +138,7 @@ class RefillState:
   alpha_sum: jax.Array
   alpha_count: jax.Array
   stale: jax.Array
+  plain_run: jax.Array
   gamma_hist: jax.Array
   gamma_trace: jax.Array
 
@@ -321,6 +329,7 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
       out_tokens=jnp.full((q, max_new_tokens), target.config.pad_token_id, jnp.int32),
       out_lengths=jnp.zeros((q,), jnp.int32), out_stats=zeros_Q,
       alpha_sum=jnp.float32(0), alpha_count=jnp.float32(0), stale=jnp.bool_(False),
+      plain_run=jnp.int32(0),
       gamma_hist=jnp.zeros((g_max + 1,), jnp.int32),
       gamma_trace=jnp.full((GAMMA_TRACE,), -1, jnp.int32))
   step = functools.partial(spec_iteration, target, draft, g_max=g_max,
@@ -338,12 +347,15 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
       new = step(st, keys, gammas[0])
     else:
       g_now = choose_gamma(auto, costs, st.alpha_sum, st.alpha_count)
+      if auto.probe_every > 0:
+        g_now = jnp.where((g_now == 0) & (st.plain_run >= auto.probe_every), 1, g_now)
       new = jax.lax.switch(g_now, [functools.partial(step, g=g) for g in gammas], st, keys)
     it = st.stats.iterations
     new = new.replace(
         alpha_sum=st.alpha_sum + jnp.sum(new.stats.alpha_sum - st.stats.alpha_sum),
         alpha_count=st.alpha_count + jnp.sum(new.stats.alpha_count - st.stats.alpha_count
                                              ).astype(jnp.float32),
+        plain_run=jnp.where(g_now == 0, st.plain_run + 1, 0),
         gamma_hist=st.gamma_hist.at[g_now].add(1),
         gamma_trace=st.gamma_trace.at[it].set(g_now, mode='drop'))
     new = _harvest(new, active_B, max_new_tokens, target.config.pad_token_id)
@@ -453,6 +465,14 @@ def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, tem
   loop_lib._check_inputs(input_ids, max_new_tokens, None, sampling, target.config.vocab_size,  # pylint: disable=protected-access
                          None if draft is None else int(vocab_draft))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
+  if auto is not None and auto.costs is not None:
+    target_k, draft_cost = auto.costs
+    if len(target_k) != auto.g_max + 1:
+      raise ValueError(f'gamma auto: costs need {auto.g_max + 1} target costs (K = 1 .. g_max + 1), '
+                       f'got {len(target_k)}')
+    costs = Costs(target_K=jnp.asarray(target_k, jnp.float32), draft=jnp.float32(draft_cost))
+  if auto is not None:
+    auto = dataclasses.replace(auto, costs=None)  # the curve is data, not a static argument
   if auto is not None and costs is None:
     costs = measure_costs(target, draft, ids[:b], g_max=auto.g_max,
                           max_new_tokens=int(max_new_tokens))
