@@ -108,7 +108,7 @@ def _ragged_case(shape, b=3, seed=0):
   return src, lengths, prefix, toks
 
 
-@pytest.mark.parametrize('family', ['original', 'v11'])
+@pytest.mark.parametrize('family', ['original'])  # v11: the gather test below
 def test_tree_block_logits_equal_chain_logits_of_every_path(family):
   # Rows at different offsets; every root-to-leaf path scored as a chain separately must give the
   # tree block's rows (mask: prefix + ancestors only; positions by depth; cross-attention as is).

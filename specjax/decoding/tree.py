@@ -90,6 +90,10 @@ __all__ = ['TreeShape', 'parse_tree', 'parse_trees', 'TreeModelDraft', 'TreeProp
 
 CANDIDATES = ('wor', 'iid')
 
+# The chain loop's helpers, shared so both loops validate, commit and finish alike.
+_check_inputs, _finish, _raise_on_nan, _rng = (  # pylint: disable=protected-access
+    loop._check_inputs, loop._finish, loop._raise_on_nan, loop._rng)
+
 
 # ----------------------------------------------------------------------------- tree shape
 
@@ -568,8 +572,7 @@ def tree_program(target, draft, input_ids_BxS, rng, *, shape, max_new_tokens, sa
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return loop.DecodeOutput(
-      tokens=loop._finish(state.seq, state.lengths, max_new_tokens,  # pylint: disable=protected-access
-                          target.config.pad_token_id),
+      tokens=_finish(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
       lengths=state.lengths, stats=state.stats)
 
 
@@ -588,13 +591,13 @@ def tree_decode(target, draft, input_ids, *, tree, max_new_tokens: int, temperat
   if not hasattr(target, 'decode_tree'):
     raise ValueError(f'tree=: the target {type(target).__name__} has no decode_tree '
                      '(a specjax T5Model is needed)')
-  loop._check_inputs(input_ids, max_new_tokens, shape.depth, sampling,  # pylint: disable=protected-access
-                     target.config.vocab_size, int(draft.vocab_size))
+  _check_inputs(input_ids, max_new_tokens, shape.depth, sampling, target.config.vocab_size,
+                int(draft.vocab_size))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
-  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32),
-                     loop._rng(rng), shape=shape, max_new_tokens=int(max_new_tokens),  # pylint: disable=protected-access
-                     sampling=sampling, eos_id=eos, verify_fn=verify_fn)
-  loop._raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')  # pylint: disable=protected-access
+  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), _rng(rng), shape=shape,
+                     max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
+                     verify_fn=verify_fn)
+  _raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')
   if bool(out.stats.bad_draft):
     raise ValueError(f'speculative_decode: the tree draft {type(draft).__name__} proposed a '
                      f'token id outside [0, {target.config.vocab_size}) (vocab_size)')
