@@ -20,6 +20,16 @@ to show where a batch loses the speedup:
   block cost     time of one target step with gamma+1 tokens per row / one with 1 token, at this
                  batch: the theorem assumes verification is free (1.0); it stops being free once
                  the step is compute-bound (B * (gamma+1) tokens per matmul).
+
+  python experiments/bench_batch.py --refill [--batches=1,8,32,64] [--temperatures=0,1]
+      [--gammas=1,2,3,5] [--n=64] [--lengths=32]
+
+Slot refill (specjax.decoding.refill): the same N verses as ONE queue decoded with slots=B, against
+the lockstep loop above (N / B calls of B rows), for autoregressive and speculative (--gamma)
+decoding, every fixed gamma of --gammas with refill, and gamma='auto:max(gammas)'. Per cell:
+tokens/s, row util (row-iterations that advanced a request / all paid), tokens per target call,
+refill / lockstep, and auto / the best of (autoregressive, every fixed gamma), all with refill.
+Utilisation and tokens per call do not depend on the machine's load; tokens/s ratios do.
 """
 
 from __future__ import annotations
@@ -53,10 +63,15 @@ def parse_args(argv=None):
   p.add_argument('--repeats', type=int, default=5)
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
+  p.add_argument('--refill', action='store_true', help='slot refill and gamma=auto tables')
+  p.add_argument('--temperatures', default='0,1', help='--refill: temperatures')
+  p.add_argument('--gammas', default='1,2,3,5', help='--refill: fixed gammas compared with auto')
+  p.add_argument('--n', type=int, default=0, help='--refill: verses in the queue (max batch)')
   bc.add_load_args(p)
   a = p.parse_args(argv)
   if a.smoke:
     a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '12', 1, 3
+    a.temperatures, a.gammas, a.n = '0', '1,3', 4
   return a
 
 
@@ -70,9 +85,127 @@ def block_cost(target, ids, gamma: int, cache_len: int, steps: int = 16, repeats
   return t['g1']['median_s'] / t['1']['median_s']
 
 
+REFILL_COLUMNS = [
+    ('temperature', 'T', 'g'), ('batch', 'B', 'd'), ('mode', 'decoder', 's'),
+    ('tok_s', 'tok/s', '.0f'), ('row_util', 'row util', '.0%'),
+    ('tokens_per_call', 'tokens / target call', '.2f'), ('vs_lockstep', 'refill / lockstep', '.2f'),
+    ('vs_best', 'vs best fixed', '.2f'), ('gamma_hist', 'gamma hist (0..)', 's'),
+    ('compile_s', 'first call s', '.1f'),
+]
+
+
+def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int):
+  """One (T, B) cell of the --refill table: lockstep and refill, autoregressive, fixed gammas and
+  auto, timed interleaved in one process."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
+  n = padded.shape[0]
+  queue = jnp.asarray(padded)
+  xs = [queue[i:i + b] for i in range(0, n - b + 1, b)]
+  kw = dict(max_new_tokens=m, temperature=temperature, rng=jax.random.PRNGKey(0))
+  gammas = [int(g) for g in args.gammas.split(',')]
+  out = {}
+
+  def keep(name, fn):
+    def run():
+      out[name] = fn()
+      return [o.tokens for o in out[name]]
+    return run
+
+  fns = {
+      'AR lockstep': keep('AR lockstep', lambda: [
+          decoding.autoregressive_decode(target, x, **kw) for x in xs]),
+      f'spec g={args.gamma} lockstep': keep(f'spec g={args.gamma} lockstep', lambda: [
+          decoding.speculative_decode(target, draft, x, gamma=args.gamma, **kw) for x in xs]),
+      'AR refill': keep('AR refill', lambda: [
+          decoding.autoregressive_decode(target, queue, slots=b, **kw)]),
+  }
+  for g in sorted(set(gammas + [args.gamma])):
+    fns[f'spec g={g} refill'] = keep(f'spec g={g} refill', lambda g=g: [
+        decoding.speculative_decode(target, draft, queue, gamma=g, slots=b, **kw)])
+  fns['spec auto refill'] = keep('spec auto refill', lambda: [
+      decoding.speculative_decode(target, draft, queue, gamma=f'auto:{max(gammas)}', slots=b,
+                                  **kw)])
+  t = bc.interleave(fns, repeats=args.repeats)
+  rows = []
+  for name in fns:
+    outs = out[name]
+    tokens = sum(int(np.sum(o.lengths)) for o in outs)
+    row = {'temperature': temperature, 'batch': b, 'mode': name,
+           'tok_s': tokens / t[name]['median_s'], 'median_s': t[name]['median_s'],
+           'compile_s': t[name]['first_s'], 'tokens': tokens}
+    if name == 'AR lockstep':
+      row['row_util'] = tokens / max(sum(int(o.stats['steps']) for o in outs) * b, 1)
+      row['tokens_per_call'] = 1.0
+    else:
+      busy = sum(int(np.sum(o.stats.target_calls)) for o in outs)
+      row['row_util'] = busy / max(sum(int(o.stats.iterations) for o in outs) * b, 1)
+      row['tokens_per_call'] = sum(int(np.sum(o.stats.emitted)) for o in outs) / max(busy, 1)
+    if hasattr(outs[0].stats, 'gamma_hist') and 'auto' in name:
+      row['gamma_hist'] = '/'.join(str(v) for v in np.asarray(outs[0].stats.gamma_hist))
+    rows.append(row)
+  by = {r['mode']: r for r in rows}
+  by['AR refill']['vs_lockstep'] = by['AR refill']['tok_s'] / by['AR lockstep']['tok_s']
+  main_g = f'spec g={args.gamma}'
+  by[f'{main_g} refill']['vs_lockstep'] = (by[f'{main_g} refill']['tok_s']
+                                           / by[f'{main_g} lockstep']['tok_s'])
+  fixed = [r for r in rows if r['mode'] == 'AR refill' or
+           (r['mode'].startswith('spec g=') and r['mode'].endswith('refill'))]
+  best = max(fixed, key=lambda r: r['tok_s'])
+  by['spec auto refill']['vs_best'] = by['spec auto refill']['tok_s'] / best['tok_s']
+  by['spec auto refill']['best_fixed'] = best['mode']
+  if temperature == 0:  # greedy: every decoder must give the same tokens
+    ref = np.concatenate([np.asarray(o.tokens) for o in out['AR lockstep']])
+    for r in rows:
+      got = np.concatenate([np.asarray(o.tokens) for o in out[r['mode']]])
+      r['identical_greedy'] = bool(np.array_equal(got, ref))
+  return rows
+
+
+def main_refill(args, gate) -> dict:
+  os.environ.setdefault('JAX_PLATFORMS', 'cpu')
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  info = bc.machine_info()
+  print(f'machine: {bc.describe_machine(info)}')
+  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
+  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  batches = [int(b) for b in args.batches.split(',')]
+  m = int(args.lengths.split(',')[0])
+  n = args.n or max(batches)
+  padded, _, _ = bc.load_prompts(n, target.config.vocab_size, tdir,
+                                 eos_id=target.config.eos_token_id)
+  print(f'pair: {desc}; {n} verses as one queue, {m} new tokens, source padded to '
+        f'{padded.shape[1]}, lockstep gamma {args.gamma}, fixed gammas {args.gammas}')
+  t0 = time.perf_counter()
+  rows = []
+  for temperature in [float(x) for x in args.temperatures.split(',')]:
+    for b in batches:
+      cell = refill_rows(args, target, draft, padded, temperature, b, m)
+      rows += cell
+      auto = [r for r in cell if r['mode'] == 'spec auto refill'][0]
+      print(f"  T={temperature:g} B={b}: " + ', '.join(
+          f"{r['mode']} {r['tok_s']:.0f} tok/s ({r['row_util']:.0%})" for r in cell)
+          + f"; auto/best {auto['vs_best']:.2f} (best {auto['best_fixed']})", flush=True)
+  rec, line = bc.table_load(gate)
+  print('\nSlot refill and gamma=auto')
+  print(bc.markdown_table(rows, REFILL_COLUMNS))
+  print(line)
+  bad = [r for r in rows if r.get('identical_greedy') is False]
+  if bad:
+    print(f'WARNING: greedy tokens differ from autoregressive in {len(bad)} cells')
+  result = {'machine': info, 'args': vars(args), 'pair': desc, 'refill_rows': rows,
+            'wall_s': time.perf_counter() - t0, 'table_load': rec}
+  bc.finish_load(gate, result, args.out)
+  return result
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   gate = bc.load_gate(args)
+  if args.refill:
+    return main_refill(args, gate)
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
