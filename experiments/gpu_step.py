@@ -34,6 +34,10 @@ that would not fit the remaining --budget_s is skipped and says so):
   identity    greedy speculative vs autoregressive tokens, bf16 and f32 params; the target's logits
               along the autoregressive path as 1-token steps vs one teacher-forced block (the
               verification's shape): block-vs-step |d logit| against the top-2 margin
+  refill      (opt-in: --stages=steps,refill) slot refill: a queue of --refill_n random prompts
+              through slots=B (--batches) vs the lockstep loop, autoregressive and speculative,
+              fixed gammas --refill_gammas and gamma=auto, T --adaptive_temps: tokens/s, row
+              utilisation, tokens per target call, auto / best fixed (bench_batch.refill_rows)
   tree        (opt-in: --stages=steps,tree) token trees (--trees) vs chains with the same number
               of verified tokens (--tree_gammas), batch 1, T --tree_temps: tokens per target call,
               tokens/s, accepted path lengths (bench_tree.compare)
@@ -121,6 +125,8 @@ def parse_args(argv=None):
                  help='adaptive stage: stop rules (specjax.stopping.parse spelling)')
   p.add_argument('--adaptive_g_max', type=int, default=8, help='adaptive stage: rules\' block width')
   p.add_argument('--adaptive_temps', default='0,1', help='adaptive stage: temperatures')
+  p.add_argument('--refill_n', type=int, default=256, help='refill stage: prompts in the queue')
+  p.add_argument('--refill_gammas', default='1,2,3,5', help='refill stage: fixed gammas')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
   bc.add_load_args(p)
@@ -431,6 +437,32 @@ def _end2end_one(args, res, target, draft, ids, temperature, g):
         f"{predicted or float('nan'):.2f}x), identical tokens: {rec['identical']}", flush=True)
 
 
+def stage_refill(args, res, target, draft, ids):
+  """bench_batch's refill table on this device: one queue through slots=B vs lockstep."""
+  import types  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import bench_batch  # pylint: disable=import-outside-toplevel
+  n = 8 if args.smoke else args.refill_n
+  queue = np.asarray(jax.random.randint(jax.random.PRNGKey(200), (n, ids.shape[1]), 2,
+                                        target.config.vocab_size))
+  sub = types.SimpleNamespace(gamma=args.gamma, gammas=args.refill_gammas,
+                              repeats=max(1, args.repeats // 3))
+  for temperature in [float(t) for t in args.adaptive_temps.split(',')]:
+    for b in [int(x) for x in args.batches.split(',')]:
+      if elapsed() > args.budget_s - 60:
+        res['skipped'].append(f'refill T={temperature:g} B={b}')
+        continue
+      rows = bench_batch.refill_rows(sub, target, draft, queue, temperature, min(b, n),
+                                     args.max_new_tokens)
+      res.setdefault('refill', []).extend(rows)
+      bc.write_json(args.out, res)
+      auto = [r for r in rows if r['mode'] == 'spec auto refill'][0]
+      print(f'refill T={temperature:g} B={b}: ' + ', '.join(
+          f"{r['mode']} {r['tok_s']:.0f} tok/s ({r['row_util']:.0%})" for r in rows)
+          + f"; auto/best {auto['vs_best']:.2f} ({auto['best_fixed']})", flush=True)
+
+
 def stage_end2end_t1(args, res, target, draft, ids):
   stage_end2end(args, res, target, draft, ids, temperature=1.0)
 
@@ -698,6 +730,7 @@ def main(argv=None) -> dict:
   run('adaptive', stage_adaptive, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
 
   run('tree', stage_tree, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
+  run('refill', stage_refill, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
 
   print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
         f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
