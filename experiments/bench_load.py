@@ -12,7 +12,7 @@ identical tokens) and stops the loops. Every busy loop also ends by itself after
 Printed per level: the load average at the start and end of the timings, the CPU other
 processes took during them (specjax/runner/machine.py: the machine's busy time minus this
 process's own, which counts the busy loops and anything else running), the tokens/s of each
-row, and the two ratios with their drift from the quietest level:
+row, and the two ratios with their drift from the first level (0 induced load):
 
   AR / greedy          specjax autoregressive / the fastest transformers greedy row
   spec / assisted      specjax speculative / the fastest transformers assisted row
@@ -71,7 +71,10 @@ def parse_args(argv=None):
   p.add_argument('--max_new_tokens', type=int, default=48)
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--gamma', default='tiny=5,t5-small=3')
-  p.add_argument('--torch_threads', default='0,1')
+  p.add_argument('--torch_threads', default='1',
+                 help="torch thread counts (0 = all cores); 1 by default: transformers' fastest "
+                      'setting on the tiny pair even when quiet, and at 2 threads its OpenMP '
+                      'workers collapse under load (a level would take minutes)')
   p.add_argument('--max_busy_s', type=float, default=900.0, help='busy loops end by themselves')
   p.add_argument('--out', default='')
   p.add_argument('--smoke', action='store_true')
