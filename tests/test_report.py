@@ -43,7 +43,8 @@ def test_models_are_named_by_what_they_are():
   assert report.describe('t5-small') == 't5-small' and report.describe('bigram') == 'bigram'
 
 
-def test_terminal_table_keeps_only_informative_columns(tmp_path, capsys):
+def test_terminal_table_keeps_only_informative_columns(tmp_path, capsys, monkeypatch):
+  monkeypatch.setenv('COLUMNS', '100')  # the width an untty'd run falls back to; CI may set less
   report.write_tables(_spec(tmp_path), ROWS)
   out = capsys.readouterr().out
   lines = out.splitlines()
