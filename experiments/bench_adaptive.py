@@ -291,14 +291,7 @@ def plot(result, path) -> str | None:
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
-  bc.set_threads()
-  gate = bc.load_gate(args)
-  info = bc.machine_info()
-  print(bc.describe_machine(info))
-  result = {'machine': info, 'args': vars(args), 'pairs': []}
-  for name in args.pairs.split(','):
-    result['pairs'].append(run_pair(name.strip(), args, gate=gate))
-    bc.write_json(args.out, result)
+  result, gate = bc.run_pairs(args, run_pair)
   if args.out:
     result['plot'] = plot(result, os.path.splitext(args.out)[0] + '.png')
   bc.finish_load(gate, result, args.out)

@@ -194,6 +194,20 @@ def finish_load(gate, result: dict, out=None, log=print) -> dict:
 # ----------------------------------------------------------------------------- timing
 
 
+def run_pairs(args, run_pair) -> tuple[dict, Any]:
+  """The pair sweep shared by the benchmarks: threads, load gate, machine line, one record per
+  `--pairs` entry (the JSON rewritten after each, so a killed run keeps what it measured)."""
+  set_threads()
+  gate = load_gate(args)
+  info = machine_info()
+  print(describe_machine(info))
+  result = {'machine': info, 'args': vars(args), 'pairs': []}
+  for name in args.pairs.split(','):
+    result['pairs'].append(run_pair(name.strip(), args, gate=gate))
+    write_json(args.out, result)
+  return result, gate
+
+
 def block(x):
   import jax  # pylint: disable=import-outside-toplevel
   return jax.block_until_ready(x)

@@ -45,6 +45,11 @@ DEFAULT_SEED = 0
 TRACE_COUNTS: collections.Counter = collections.Counter()
 
 
+def per_target_call(count_B, target_calls_B) -> float:
+  """sum(count) / sum(target calls): a per-row counter averaged over the batch's target calls."""
+  return float(np.sum(count_B) / max(int(np.sum(target_calls_B)), 1))
+
+
 @struct.dataclass
 class SpecStats:
   """On-device statistics of one speculative_decode call.
@@ -127,11 +132,11 @@ class SpecStats:
 
   @property
   def tokens_per_target_call(self) -> float:
-    return float(np.sum(self.emitted) / max(int(np.sum(self.target_calls)), 1))
+    return per_target_call(self.emitted, self.target_calls)
 
   @property
   def proposed_per_target_call(self) -> float:
-    return float(np.sum(self.proposed) / max(int(np.sum(self.target_calls)), 1))
+    return per_target_call(self.proposed, self.target_calls)
 
   def summary(self) -> dict[str, Any]:
     return {

@@ -445,11 +445,11 @@ class TreeStats:
 
   @property
   def tokens_per_target_call(self) -> float:
-    return float(np.sum(self.emitted) / max(int(np.sum(self.target_calls)), 1))
+    return loop.per_target_call(self.emitted, self.target_calls)
 
   @property
   def nodes_per_target_call(self) -> float:
-    return float(np.sum(self.verified) / max(int(np.sum(self.target_calls)), 1))
+    return loop.per_target_call(self.verified, self.target_calls)
 
   @property
   def acceptance_rate(self) -> float:
@@ -470,7 +470,7 @@ class TreeStats:
   @property
   def mean_accepted(self) -> float:
     """Mean accepted path length per target call."""
-    return float(np.sum(self.accepted) / max(int(np.sum(self.target_calls)), 1))
+    return loop.per_target_call(self.accepted, self.target_calls)
 
   def summary(self) -> dict[str, Any]:
     return {
