@@ -144,12 +144,14 @@ def test_gate_allows_a_quiet_machine():
   assert '(quiet)' in machine.describe(rec) and 'LOADED' not in machine.describe(rec)
 
 
-def test_gate_refuses_a_loaded_start():
+def test_gate_refuses_a_loaded_start(capsys):
   from specjax.runner import machine  # pylint: disable=import-outside-toplevel
   gate = machine.Gate(take=_fake_snapshots(load1=1.1))
   with pytest.raises(machine.LoadedMachine) as e:
     gate.check_start()
   assert e.value.code == 3 and '1-min load average 1.10' in str(e.value)
+  # SystemExit(3) prints nothing itself: the reason must reach stderr before the exit.
+  assert '1-min load average 1.10' in capsys.readouterr().err
 
 
 def test_gate_waits_for_a_quiet_machine():

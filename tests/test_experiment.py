@@ -147,3 +147,26 @@ def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_pa
   _, n, out = run(num_examples=3)  # settings seen before: their row is resumed
   assert n == 0 and 'resuming: 1 of 1 cells' in out
   assert len((tmp_path / 'out' / 'results.jsonl').read_text().splitlines()) == 6
+
+
+def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path):
+  """A head directory in config.drafts: built for the target, labelled by its directory name,
+  its c measured from its own step (not 0), greedy output token-identical."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import specjax  # pylint: disable=import-outside-toplevel
+  from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
+  target = specjax.load_t5(str(pair_dir / 'target'))
+  hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
+  head_lib.save_head(head_lib.init_head_params(hc, jax.random.PRNGKey(0)), hc,
+                     tmp_path / 'head')
+  spec = _spec(pair_dir, tmp_path / 'out', gammas=(2,),
+               drafts=(str(pair_dir / 'draft'), str(tmp_path / 'head')))
+  rows = experiment.run(spec)
+  assert sorted(r['draft'] for r in rows) == ['draft', 'head']
+  head_row = next(r for r in rows if r['draft'] == 'head')
+  assert head_row['identical_to_baseline'] and head_row['c'] > 0
+  broken = tmp_path / 'broken'
+  broken.mkdir()
+  (broken / 'head_config.json').write_text('{"vocab_size": 4000}')
+  with pytest.raises(config_lib.ConfigError, match=r'drafts\[1\]'):
+    _spec(pair_dir, tmp_path / 'out2', drafts=(str(pair_dir / 'draft'), str(broken)))

@@ -38,6 +38,8 @@ def base_config():
   c.model.t5 = t5_v11(256, 4, 4, 4, 64, 1024)  # architecture from scratch (unused with init_from)
   c.model.param_dtype = 'float32'   # params and optimiser state during training
   c.model.export_dtype = 'float32'  # safetensors dtype of the export ('bfloat16' halves the size)
+  c.model.dropout_rate = 0.0        # T5's dropout while training (embeddings, FFN, sublayer and
+                                    # stack outputs); several epochs on a small corpus want ~0.1
 
   c.data = ml_collections.ConfigDict()
   c.data.task = 'bible_en_es'       # shipped offline corpus, or a specjax.data.load_task name
@@ -57,6 +59,8 @@ def base_config():
   c.data.bleu_examples = 128        # dev examples decoded greedily for BLEU at the end (0 = skip)
   c.data.distill_from = ''          # teacher checkpoint: train on its greedy outputs instead of the
                                     # references (sequence-level distillation of a draft)
+  c.data.cache_dir = ''             # tokenised data (and distilled targets) cache; '' =
+                                    # workdir/cache. Runs sharing it decode a teacher once
 
   c.optim = ml_collections.ConfigDict()
   c.optim.name = 'adafactor'        # 'adafactor' (T5X's: factored second moments, update clipping,

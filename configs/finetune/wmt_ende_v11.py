@@ -12,7 +12,7 @@ Then pass the exports to the experiment: `python -m specjax.run --config=configs
 For a TPU VM with network: the v1.1 checkpoints google/t5-v1_1-<size> and WMT14 de-en come from the
 Hugging Face hub at run time (specjax.data.load_task('ende', split), which adds T5's prefix
 'translate English to German: '). Recipe as T5X fine-tuning: Adafactor, constant learning rate 1e-3,
-no dropout (specjax has none), batch 128, 128 source / 128 target tokens (longer ones truncated),
+no dropout (dropout_rate 0), batch 128, 128 source / 128 target tokens (longer ones truncated),
 z-loss 1e-4. One host: small/base/large train data parallel on a v4-8 / v5e-8 in float32; xl and
 xxl shard the params over the mesh's 'model' axis (mesh_shape (1, -1)) with bfloat16 params (xxl:
 ~22 GB of params plus as much for gradients; Adafactor's factored statistics are small), so xxl

@@ -315,10 +315,11 @@ def speculative_init(target: T5Model, draft, input_ids_BxS, rng, *, gamma: int,
   seq = seq.at[:, 0].set(target.config.decoder_start_token_id)
   # The trace has one slot per possible iteration (at least one token per iteration).
   n_trace = max_new_tokens if trace else 0
+  target_cache = target.init_cache(input_ids_BxS, cache_len)
   return SpecState(
       seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
-      target_cache=target.init_cache(input_ids_BxS, cache_len),
-      draft_state=draft.init(input_ids_BxS, cache_len), rng=rng,
+      target_cache=target_cache,
+      draft_state=protocol.init_draft(draft, input_ids_BxS, cache_len, target_cache), rng=rng,
       stats=SpecStats.zeros(b, gamma),
       trace_drafts=jnp.zeros((b, n_trace, gamma), jnp.int32),
       trace_accepted=jnp.full((b, n_trace), -1, jnp.int32),
@@ -344,7 +345,8 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   n_B = stop.truncate(prop.tokens_BxG, prop.q_BxGxV, prop.n_B)
   # 2. The target scores the block [last committed, d_1 .. d_G] in one call: p_0 .. p_G.
   block_BxG1 = jnp.concatenate([state.last_tokens(), prop.tokens_BxG], axis=1)
-  logits_BxG1xV, target_cache = target.decode(state.target_cache, block_BxG1, state.lengths)
+  logits_BxG1xV, features, target_cache = protocol.verify_pass(target, draft, state.target_cache,
+                                                               block_BxG1, state.lengths)
   # 3. Accept m <= n drafts, then one token from the target at index m (residual or bonus).
   m_B, next_B, beta_BxG = acceptance.verify_batch(
       verify_keys_B, prop.tokens_BxG, prop.q_BxGxV, logits_BxG1xV, n_B, sampling,
@@ -362,7 +364,8 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   stats = state.stats.record(active_B, n_B, m_B, beta_BxG, prop.passes, nan, bad)
   return state.replace(seq=seq, lengths=lengths, done=done | stats.nan | stats.bad_draft,
                        target_cache=target_cache, stats=stats,
-                       draft_state=draft.commit(prop.state, seq, lengths))
+                       draft_state=protocol.commit_draft(draft, prop.state, seq, lengths,
+                                                         features))
 
 
 @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens', 'sampling', 'eos_id',
@@ -440,6 +443,10 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None =
   takes the next prompt); gamma='auto' (or 'auto:G_MAX') picks gamma in 0 .. G_MAX per iteration
   from measured costs and the running alpha: specjax.decoding.refill.
   """
+  if (tree is not None or slots is not None or isinstance(gamma, str)) and protocol.reads_target(
+      as_draft(draft)):
+    raise ValueError(f'speculative_decode: {type(draft).__name__} reads the target\'s features; '
+                     'it runs with a chain (no tree=), without slots= and with an integer gamma')
   if tree is not None:
     from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
     shape = tree_lib.parse_tree(tree)

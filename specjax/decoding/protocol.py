@@ -18,6 +18,17 @@ A draft is a pytree (a `flax.struct.dataclass`, so it enters `jax.jit` beside th
   commit(state, seq_BxN, lengths_B) -> state  called after acceptance with the new committed prefix;
                                               the hook for drafts whose state must follow it
 
+A draft that reads the target's own features (a feature head, specjax.decoding.feature_head)
+sets the class attribute `reads_target = True`; the loop then calls
+
+  init(input_ids_BxS, max_len, *, target_cache)              the target's DecoderCache (its
+                                                             encoder already ran: no second one)
+  commit(state, seq_BxN, lengths_B, *, features)             a TargetFeatures of the block the
+                                                             target just verified
+
+and takes the hidden states from the verification pass itself (T5Model.decode_features): no
+extra target pass. `init_draft` / `commit_draft` below make both calls for every draft.
+
 The loop verifies only each row's first n_B drafts: the corrected or bonus token is drawn from the
 target at index n (from p[n] itself when all n were accepted). That keeps the output law exact for
 any n decided without looking at the drafted token it would include (see specjax.decoding.stopping).
@@ -53,6 +64,48 @@ class Proposal:
   n_B: jax.Array
   passes: jax.Array
   state: Any
+
+
+@struct.dataclass
+class TargetFeatures:
+  """The target's side of one verification, for drafts with `reads_target = True`.
+
+  hidden_BxG1xD: [B, G+1, D]  the target's final decoder hidden states of the block it scored,
+                              [last committed, d_1 .. d_G] at offsets start_B: hidden[:, i] is
+                              the state that produced p_i (position start + i)
+  start_B:       [B] int32    the block's offset, i.e. the lengths before this commit
+  """
+  hidden_BxG1xD: jax.Array
+  start_B: jax.Array
+
+
+def reads_target(draft) -> bool:
+  """Whether the loop must hand `draft` the target's cache and features."""
+  return bool(getattr(draft, 'reads_target', False))
+
+
+def init_draft(draft, input_ids_BxS, max_len: int, target_cache):
+  """draft.init, with the target's cache for drafts that read the target."""
+  if reads_target(draft):
+    return draft.init(input_ids_BxS, max_len, target_cache=target_cache)
+  return draft.init(input_ids_BxS, max_len)
+
+
+def commit_draft(draft, state, seq_BxN, lengths_B, features: TargetFeatures | None):
+  """draft.commit, with the verified block's target features for drafts that read the target."""
+  if reads_target(draft):
+    return draft.commit(state, seq_BxN, lengths_B, features=features)
+  return draft.commit(state, seq_BxN, lengths_B)
+
+
+def verify_pass(target, draft, cache, block_BxG1, lengths_B):
+  """The target's verification pass: (logits, TargetFeatures or None, cache). The hidden states
+  come out of the same pass when the draft reads them."""
+  if reads_target(draft):
+    logits, hidden, cache = target.decode_features(cache, block_BxG1, lengths_B)
+    return logits, TargetFeatures(hidden_BxG1xD=hidden, start_B=lengths_B), cache
+  logits, cache = target.decode(cache, block_BxG1, lengths_B)
+  return logits, None, cache
 
 
 @runtime_checkable

@@ -35,7 +35,7 @@ from flax import struct
 
 Params = dict[str, Any]
 
-_NEG_INF = -1e30  # additive mask in float32; finite so that fully masked rows stay NaN-free
+NEG_INF = -1e30  # additive mask in float32; finite so that fully masked rows stay NaN-free
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,6 +147,22 @@ def rms_norm(x, w, eps):
   return (x32 * jax.lax.rsqrt(var + eps)).astype(w.dtype) * w
 
 
+@struct.dataclass
+class Dropout:
+  """Training-time dropout (rate, key), as T5: on the embeddings, inside the FFN, on every
+  sublayer's output before the residual add and on the stacks' outputs. Inference passes None."""
+  key: jax.Array
+  rate: float = struct.field(pytree_node=False, default=0.1)
+
+  def __call__(self, x, site: int):
+    keep = jax.random.bernoulli(jax.random.fold_in(self.key, site), 1.0 - self.rate, x.shape)
+    return jnp.where(keep, x / (1.0 - self.rate), 0).astype(x.dtype)
+
+
+def _drop(dropout, x, site: int):
+  return x if dropout is None else dropout(x, site)
+
+
 def relative_position_bucket(rel, *, bidirectional: bool, num_buckets: int, max_distance: int):
   """T5's bucketing of (key position - query position), as in Mesh TensorFlow and transformers."""
   buckets = jnp.zeros_like(rel)
@@ -191,33 +207,35 @@ def attend(q_BxQxHxDk, k_BxTxHxDk, v_BxTxHxDk, bias_BxHxQxT):
   return out.reshape(b, q, h * d)
 
 
-def feed_forward(layer, x, config: T5Config):
+def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0):
   if config.gated:
     h = jax.nn.gelu(x @ layer['wi_0'], approximate=True) * (x @ layer['wi_1'])
   else:
     h = jax.nn.relu(x @ layer['wi'])
-  return h @ layer['wo']
+  return _drop(dropout, h, site) @ layer['wo']
 
 
 # ----------------------------------------------------------------------------- encoder
 
 
-def encode(params: Params, config: T5Config, input_ids_BxS):
+def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | None = None):
   """Encoder output [B, S, D] (params dtype) and its key mask [B, S] (pad id masked)."""
   enc = params['encoder']
   mask_BxS = input_ids_BxS != config.pad_token_id
-  x = params['shared'][input_ids_BxS]
+  x = _drop(dropout, params['shared'][input_ids_BxS], 0)
   b, s = input_ids_BxS.shape
   pos_BxS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   bias = position_bias(enc['rel_bias'], pos_BxS, pos_BxS, bidirectional=True, config=config)
-  bias = bias + jnp.where(mask_BxS[:, None, None, :], 0.0, _NEG_INF)
-  for layer in enc['layers']:
+  bias = bias + jnp.where(mask_BxS[:, None, None, :], 0.0, NEG_INF)
+  for i, layer in enumerate(enc['layers']):
+    site = 1 + 3 * i
     h = rms_norm(x, layer['attn_norm'], config.layer_norm_epsilon)
     q, k, v = (_heads(h @ layer[n], config) for n in ('q', 'k', 'v'))
-    x = x + attend(q, k, v, bias) @ layer['o']
+    x = x + _drop(dropout, attend(q, k, v, bias) @ layer['o'], site)
     h = rms_norm(x, layer['ffn_norm'], config.layer_norm_epsilon)
-    x = x + feed_forward(layer, h, config)
-  return rms_norm(x, enc['final_norm'], config.layer_norm_epsilon), mask_BxS
+    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 1), site + 2)
+  out = rms_norm(x, enc['final_norm'], config.layer_norm_epsilon)
+  return _drop(dropout, out, 999), mask_BxS
 
 
 # ----------------------------------------------------------------------------- decoder cache
@@ -242,9 +260,10 @@ class DecoderCache:
     return self.self_k[0].shape[1]
 
 
-def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int) -> DecoderCache:
+def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
+               dropout: Dropout | None = None) -> DecoderCache:
   """Runs the encoder once and returns an empty decoder cache of `max_len` target positions."""
-  enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS)
+  enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS, dropout)
   b = input_ids_BxS.shape[0]
   dtype = params['shared'].dtype
   zeros = jnp.zeros((b, max_len, config.num_heads, config.d_kv), dtype)
@@ -257,7 +276,7 @@ def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int) ->
                       cross_v=tuple(cross_v), enc_mask=mask_BxS)
 
 
-def _write_rows(cache_BxTxHxDk, new_BxKxHxDk, lengths_B):
+def write_rows(cache_BxTxHxDk, new_BxKxHxDk, lengths_B):
   """Writes each row's block at its own offset (per-row dynamic_update_slice)."""
   def write(c, n, start):
     return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (start, 0, 0))
@@ -273,7 +292,8 @@ def output_logits(params: Params, config: T5Config, x_BxKxD):
   return jnp.einsum('bkd,dv->bkv', x_BxKxD, params['lm_head'], preferred_element_type=jnp.float32)
 
 
-def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
+                  dropout: Dropout | None = None):
   """Decoder block without the head: hidden states [B, K, D] and the updated cache."""
   b, k = tokens_BxK.shape
   t = cache.max_len
@@ -283,33 +303,35 @@ def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_
   self_bias = position_bias(params['decoder']['rel_bias'], q_pos_BxK, k_pos_BxT,
                             bidirectional=False, config=config)
   causal_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
-  self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, _NEG_INF)
-  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias)
+  self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, NEG_INF)
+  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias, dropout)
 
 
 def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, write_B,
-                   self_bias_BxHxKxT):
+                   self_bias_BxHxKxT, dropout: Dropout | None = None):
   """The decoder layers over a block whose keys/values are written at per-row offsets write_B,
   with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache."""
   dec = params['decoder']
-  cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, _NEG_INF).astype(jnp.float32)
-  x = params['shared'][tokens_BxK]
+  cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, NEG_INF).astype(jnp.float32)
+  x = _drop(dropout, params['shared'][tokens_BxK], 1000)
   new_k, new_v = [], []
   eps = config.layer_norm_epsilon
   for i, layer in enumerate(dec['layers']):
+    site = 1001 + 4 * i
     h = rms_norm(x, layer['self_norm'], eps)
     q = _heads(h @ layer['self_q'], config)
-    ck = _write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), write_B)
-    cv = _write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), write_B)
+    ck = write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), write_B)
+    cv = write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), write_B)
     new_k.append(ck)
     new_v.append(cv)
-    x = x + attend(q, ck, cv, self_bias_BxHxKxT) @ layer['self_o']
+    x = x + _drop(dropout, attend(q, ck, cv, self_bias_BxHxKxT) @ layer['self_o'], site)
     h = rms_norm(x, layer['cross_norm'], eps)
     q = _heads(h @ layer['cross_q'], config)
-    x = x + attend(q, cache.cross_k[i], cache.cross_v[i], cross_bias) @ layer['cross_o']
+    x = x + _drop(dropout, attend(q, cache.cross_k[i], cache.cross_v[i], cross_bias)
+                  @ layer['cross_o'], site + 1)
     h = rms_norm(x, layer['ffn_norm'], eps)
-    x = x + feed_forward(layer, h, config)
-  x = rms_norm(x, dec['final_norm'], eps)
+    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 2), site + 3)
+  x = _drop(dropout, rms_norm(x, dec['final_norm'], eps), 1999)
   return x, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
 
 
@@ -341,7 +363,7 @@ def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1
   sees_BxKxT = jnp.take(anc_KxM1, node_BxT, axis=1).transpose(1, 0, 2)
   sees_BxKxT = jnp.where(in_tree_BxT[:, None, :], sees_BxKxT,
                          (slot_T[None, :] < lengths_B[:, None])[:, None, :])
-  return bias + jnp.where(sees_BxKxT[:, None], 0.0, _NEG_INF)
+  return bias + jnp.where(sees_BxKxT[:, None], 0.0, NEG_INF)
 
 
 def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
@@ -386,19 +408,35 @@ def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, le
   return output_logits(params, config, x), cache
 
 
+def decode_features(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+  """`decode` that also returns the final hidden states [B, K, D] the logits were made from (for
+  drafts that read the target's features; the same one pass)."""
+  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B)
+  return output_logits(params, config, x), x, cache
+
+
 def shift_right(labels_BxT, config: T5Config):
   """Decoder inputs for teacher forcing: decoder_start_token_id, then labels[:-1]."""
   start = jnp.full((labels_BxT.shape[0], 1), config.decoder_start_token_id, labels_BxT.dtype)
   return jnp.concatenate([start, labels_BxT[:, :-1]], axis=1)
 
 
-def teacher_forced_logits(params: Params, config: T5Config, input_ids_BxS, decoder_input_ids_BxT):
-  """Float32 logits [B, T, V] for a full decoder input (the decoder input starts with the start id)."""
+def teacher_forced_hidden(params: Params, config: T5Config, input_ids_BxS, decoder_input_ids_BxT,
+                          dropout: Dropout | None = None):
+  """Final decoder hidden states [B, T, D] for a full decoder input (what the head reads)."""
   t = decoder_input_ids_BxT.shape[1]
-  cache = init_cache(params, config, input_ids_BxS, t)
+  cache = init_cache(params, config, input_ids_BxS, t, dropout)
   lengths = jnp.zeros((input_ids_BxS.shape[0],), jnp.int32)
-  logits, _ = decode(params, config, cache, decoder_input_ids_BxT, lengths)
-  return logits
+  x, _ = decode_hidden(params, config, cache, decoder_input_ids_BxT, lengths, dropout)
+  return x
+
+
+def teacher_forced_logits(params: Params, config: T5Config, input_ids_BxS, decoder_input_ids_BxT,
+                          dropout: Dropout | None = None):
+  """Float32 logits [B, T, V] for a full decoder input (the decoder input starts with the start id).
+  `dropout` (training only) applies T5's dropout."""
+  x = teacher_forced_hidden(params, config, input_ids_BxS, decoder_input_ids_BxT, dropout)
+  return output_logits(params, config, x)
 
 
 # ----------------------------------------------------------------------------- model handle
@@ -426,6 +464,9 @@ class T5Model:
 
   def decode(self, cache, tokens, lengths):
     return decode(self.params, self.config, cache, tokens, lengths)
+
+  def decode_features(self, cache, tokens, lengths):
+    return decode_features(self.params, self.config, cache, tokens, lengths)
 
   def decode_tree(self, cache, tokens, lengths, depth, anc, offset: int = 0):
     return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset)

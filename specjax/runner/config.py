@@ -136,12 +136,14 @@ def _validate(spec: RunSpec):
   check_checkpoint('target', spec.target)
   for i, draft in enumerate(spec.drafts):
     drafts_lib.check_name(f'drafts[{i}]', draft)
-    if draft not in drafts_lib.REGISTRY:
+    if drafts_lib.is_head_dir(draft):
+      check_head(f'drafts[{i}]', draft)
+    elif draft not in drafts_lib.REGISTRY:
       check_checkpoint(f'drafts[{i}]', draft)
   _check_vocab(spec)
   check_weights('target', spec.target)
   for i, draft in enumerate(spec.drafts):
-    if draft not in drafts_lib.REGISTRY:
+    if draft not in drafts_lib.REGISTRY and not drafts_lib.is_head_dir(draft):
       check_weights(f'drafts[{i}]', draft)
 
 
@@ -212,6 +214,22 @@ def check_checkpoint(field: str, path: str):
     raise ConfigError(f'config.{field}: checkpoint directory not found: {path}')
 
 
+def check_head(field: str, path: str):
+  """A feature-head directory: a readable head_config.json and an intact head.safetensors."""
+  from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
+  expanded = os.path.expanduser(path)
+  cfg = os.path.join(expanded, head_lib.CONFIG_NAME)
+  try:
+    with open(cfg, encoding='utf-8') as f:
+      head_lib.HeadConfig(**json.load(f))
+  except (OSError, ValueError, TypeError) as e:
+    raise ConfigError(f'config.{field}: unreadable {cfg} ({e})') from None
+  weights = os.path.join(path, head_lib.WEIGHTS_NAME)
+  if not os.path.isfile(os.path.expanduser(weights)):
+    raise ConfigError(f'config.{field}: no {head_lib.WEIGHTS_NAME} in feature head {path}')
+  _check_safetensors(field, weights)
+
+
 def check_weights(field: str, path: str):
   """A local checkpoint directory holds weights, and a model.safetensors has an intact header."""
   expanded = os.path.expanduser(path)
@@ -247,6 +265,8 @@ def _check_safetensors(field: str, path: str):
 
 def _local_vocab(path: str):
   cfg = os.path.join(os.path.expanduser(path), 'config.json')
+  if drafts_lib.is_head_dir(path):
+    cfg = os.path.join(os.path.expanduser(path), 'head_config.json')
   if not os.path.isfile(cfg):
     return None
   try:

@@ -1,4 +1,5 @@
-"""The runner's draft registry: a draft name -> its builder; any other name is a T5 checkpoint.
+"""The runner's draft registry: a draft name -> its builder; any other name is a feature-head
+directory (specjax.models.head) or a T5 checkpoint.
 
 Read by config validation (`check_name`, the known names) and by the sweep (`build`); a new draft
 strategy is one `register` call. A builder gets a `DraftContext` and returns a draft object for
@@ -54,11 +55,23 @@ def check_name(field: str, name: str):
     raise ConfigError(f'config.{field}: unknown draft {name!r}{hint}')
 
 
+def is_head_dir(path: str) -> bool:
+  """A feature-head directory (head_config.json, specjax.models.head.save_head)."""
+  return os.path.isfile(os.path.join(os.path.expanduser(path), 'head_config.json'))
+
+
 def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: str = ''):
-  """The draft called `name` for this target and task (a registered strategy, or a checkpoint)."""
+  """The draft called `name` for this target and task (a registered strategy, a feature-head
+  directory, which reads this target, or a T5 checkpoint)."""
   ctx = DraftContext(spec, target, tokenizer, task, mesh, identity)
   if name in REGISTRY:
     return REGISTRY[name](ctx)
+  if is_head_dir(name):
+    from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
+    try:
+      return FeatureHeadDraft.for_target(target, os.path.expanduser(name))
+    except ValueError as e:
+      raise ConfigError(f'config.drafts: {e}') from None
   return _checkpoint(ctx, name)
 
 

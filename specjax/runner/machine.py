@@ -176,6 +176,8 @@ class Gate:
     """Raises LoadedMachine before any work when the machine is already loaded (unless allowed)."""
     rec = assess(self.start, limits=self.limits, allow_loaded=self.allow_loaded)
     if rec['refused']:
+      # SystemExit prints nothing for an int code: say why before exiting 3.
+      print(_refusal(rec), file=sys.stderr)
       raise LoadedMachine(_refusal(rec))
     return rec
 

@@ -93,6 +93,16 @@ def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5) -> dic
           for name, t in times.items()}
 
 
+def keep_outputs(outputs: dict, name: str, fn: Callable[[], list]) -> Callable[[], list]:
+  """fn (a list of decode outputs) made timeable: the last call's outputs kept in outputs[name],
+  so statistics are read from the timed runs without another one; their tokens returned (what the
+  timer blocks on)."""
+  def run():
+    outputs[name] = fn()
+    return [o.tokens for o in outputs[name]]
+  return run
+
+
 # ----------------------------------------------------------------------------- c, measured
 
 
@@ -112,16 +122,25 @@ def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
   """c = draft / target time of one decode step, same batch and lengths, each timed inside one
   compiled loop of `steps` steps: the speculative loop runs its steps inside one program, so a
   per-call timing would add the ~0.1 ms dispatch to both and inflate c for small drafts.
-  Drafts without a decoder (n-gram, prompt lookup) cost ~0: c = 0."""
-  if not hasattr(draft, 'init_cache'):
+  A feature head's step is its one-token pass (`FeatureHeadDraft.decode`). Drafts without a
+  decoder (n-gram, prompt lookup) cost ~0: c = 0."""
+  from specjax.decoding import protocol  # pylint: disable=import-outside-toplevel
+  feature_draft = protocol.reads_target(draft)
+  if not hasattr(draft, 'init_cache') and not feature_draft:
     return 0.0
   ids_BxS = jnp.asarray(batch_BxS)
   b = ids_BxS.shape[0]
   tok_Bx1 = jnp.zeros((b, 1), jnp.int32)
   lengths_B = jnp.full((b,), cache_len // 2, jnp.int32)
+  target_cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
 
   def stepper(model):
-    cache = jax.jit(model.init_cache, static_argnums=1)(ids_BxS, cache_len)
+    if model is target:
+      cache = target_cache
+    elif feature_draft:  # a head's state reads the target's cache (its cross K/V)
+      cache = jax.jit(lambda c: model.init(ids_BxS, cache_len, target_cache=c))(target_cache)
+    else:
+      cache = jax.jit(model.init_cache, static_argnums=1)(ids_BxS, cache_len)
     return lambda: step_loop(model, cache, tok_Bx1, lengths_B, steps=steps)
 
   timings = time_interleaved({'target': stepper(target), 'draft': stepper(draft)}, repeats=repeats)

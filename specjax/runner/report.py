@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import functools
 import io
+import json
 import os
 import sys
 from typing import Any
@@ -101,6 +102,15 @@ def describe(model: str) -> str:
   """What a target or draft is, for titles: 'T5 7.0M' for a local checkpoint directory (its
   name too unless it is just 'target'/'draft'), the hub id or the n-gram draft's name otherwise."""
   path = os.path.expanduser(model)
+  head_cfg = os.path.join(path, 'head_config.json')
+  if os.path.isfile(head_cfg):  # a feature head: its own size (it reads the target's embedding)
+    from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
+    try:
+      with open(head_cfg, encoding='utf-8') as f:
+        n = head_lib.param_count(head_lib.HeadConfig(**json.load(f)))
+    except (OSError, ValueError, TypeError):
+      return os.path.basename(os.path.normpath(path))
+    return f'feature head {n / 1e6:.1f}M'
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return model
   from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel

@@ -118,7 +118,7 @@ def tokenize_split(spec: FinetuneSpec, tokenizer, split: str, limit: int = 0,
                     sha(json.dumps(sorted(tokenizer.get_vocab().items()))),
                     d.source_buckets[-1], d.target_buckets[-1], d.long_examples, split,
                     _fingerprint(distill_from) if distill_from else ''])
-  cache = Path(spec.workdir) / 'cache' / f'{split}-{sha(key)[:12]}.npz'
+  cache = Path(d.cache_dir or Path(spec.workdir) / 'cache') / f'{split}-{sha(key)[:12]}.npz'
   if cache.is_file():
     z = np.load(cache, allow_pickle=False)
     return Tokenized(_unflat(z['src'], z['src_len']), _unflat(z['tgt'], z['tgt_len']), targets)

@@ -43,7 +43,8 @@ from specjax.errors import ConfigError
 from specjax.training.data import (Batches, Tokenized, bleu, get_tokenizer,
                                    progress_bar, tokenize_split)
 from specjax.training.spec import FinetuneSpec, OptimSpec, finetune_spec
-from specjax.models.t5 import T5Config, T5Model, init_params, shift_right, teacher_forced_logits
+from specjax.models.t5 import (Dropout, T5Config, T5Model, init_params, shift_right,
+                               teacher_forced_logits)
 
 __all__ = ['finetune_spec', 'FinetuneSpec', 'tokenize_split', 'train', 'main']
 
@@ -97,11 +98,12 @@ def make_optimizer(o: OptimSpec, steps: int):
   return opt, schedule
 
 
-def loss_fn(params, config: T5Config, batch, label_smoothing=0.0, z_loss=0.0):
-  """Teacher-forced token cross-entropy, mean over non-pad label tokens; (loss, (sum, count))."""
+def loss_fn(params, config: T5Config, batch, label_smoothing=0.0, z_loss=0.0, dropout=None):
+  """Teacher-forced token cross-entropy, mean over non-pad label tokens; (loss, (sum, count)).
+  `dropout`: a t5.Dropout (training steps only)."""
   labels_BxT = batch['labels']
   logits_BxTxV = teacher_forced_logits(params, config, batch['inputs'],
-                                       shift_right(labels_BxT, config))
+                                       shift_right(labels_BxT, config), dropout)
   mask_BxT = (labels_BxT != config.pad_token_id).astype(jnp.float32)
   if label_smoothing:
     targets = optax.smooth_labels(jax.nn.one_hot(labels_BxT, logits_BxTxV.shape[-1]),
@@ -117,19 +119,27 @@ def loss_fn(params, config: T5Config, batch, label_smoothing=0.0, z_loss=0.0):
   return loss, (jnp.sum(ce_BxT * mask_BxT), n)
 
 
+def global_norm(tree):
+  """sqrt of the sum of squares of every leaf, in float32 (the logged gradient norm)."""
+  return jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in jax.tree.leaves(tree)))
+
+
 def make_steps(spec: FinetuneSpec, config: T5Config, optimizer, state_shardings, batch_sharding):
   """jit'd (train_step(state, batch) -> state, metrics; eval_step(params, batch) -> sums)."""
   o = spec.optim
 
+  rate = spec.model.dropout_rate
+
   def train_step(state, batch):
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    # Dropout masks from (seed, step): a resumed run draws the masks an uninterrupted one would.
+    dropout = (Dropout(jax.random.fold_in(jax.random.PRNGKey(spec.seed + 1), state['step']), rate)
+               if rate else None)
     (loss, (ce_sum, n)), grads = grad_fn(state['params'], config, batch, o.label_smoothing,
-                                         o.z_loss)
+                                         o.z_loss, dropout)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32)))
-                             for g in jax.tree.leaves(grads)))
-    metrics = {'loss': loss, 'ce_sum': ce_sum, 'tokens': n, 'grad_norm': grad_norm}
+    metrics = {'loss_sum': ce_sum, 'count': n, 'grad_norm': global_norm(grads)}
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
   def eval_step(params, batch):
@@ -160,7 +170,7 @@ def _save(mngr, step: int, state, data_state, force=False) -> bool:
                                                  data=ocp.args.JsonSave(data_state)), force=force)
 
 
-def _restore(mngr, step: int, abstract_state):
+def restore_checkpoint(mngr, step: int, abstract_state):
   import orbax.checkpoint as ocp
   out = mngr.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state),
                                                    data=ocp.args.JsonRestore()))
@@ -186,7 +196,7 @@ class _Log:
     self.file.close()
 
 
-def _write_json(path: Path, obj):
+def write_json(path: Path, obj):
   tmp = path.with_name(path.name + f'.tmp{os.getpid()}')
   tmp.write_text(json.dumps(obj, indent=2, sort_keys=True))
   os.replace(tmp, path)
@@ -199,8 +209,63 @@ def _model_for_run(spec: FinetuneSpec, tokenizer, key, resuming: bool):
   if resuming and saved.is_file():
     return None, T5Config.from_hf(json.loads(saved.read_text()))
   model = build_model(spec, tokenizer, key)
-  _write_json(saved, model.config.to_hf())
+  write_json(saved, model.config.to_hf())
   return model, model.config
+
+
+def run_loop(spec: FinetuneSpec, mngr, log, state, train_step, batches, schedule,
+             dev_metrics=None) -> tuple[Any, dict[str, Any]]:
+  """The step loop every objective shares (fine-tuning, feature heads, on-policy distillation).
+
+  train_step(state, batch) -> (state, metrics): metrics hold `count` and `<name>_sum` entries
+  (logged as means over count: `loss_sum` as `train_loss`, others as `train_<name>`) and
+  optionally `grad_norm`. dev_metrics(params) -> {name: float}, every eval_every steps and at the
+  end. Checkpoints every checkpoint_every steps (params, opt_state, step and the data position
+  `batches.state()`), and once more at the end. Returns (state, {'name', 'steps', dev metrics}).
+  """
+  workdir = Path(spec.workdir)
+  step = int(state['step'])
+  bar = progress_bar(spec.steps, spec.name, spec.progress, initial=step)
+  window, t_window = [], time.time()
+  with open(workdir / 'metrics.jsonl', 'a', buffering=1) as metrics_file:
+    while step < spec.steps:
+      state, metrics = train_step(state, next(batches))
+      step += 1
+      window.append(metrics)
+      if spec.throttle_s:
+        time.sleep(spec.throttle_s)
+      bar.update(1)
+      if step % spec.log_every == 0 or step == spec.steps:
+        m = jax.device_get(window)
+        count = max(float(sum(x['count'] for x in m)), 1.0)
+        means = {k[:-4]: float(sum(x[k] for x in m)) / count for k in m[0] if k.endswith('_sum')}
+        rate = len(window) / max(time.time() - t_window, 1e-9)
+        loss = means.pop('loss')
+        bar.set_postfix(loss=f'{loss:.3f}', steps_s=f'{rate:.2f}')
+        extra = ''.join(f' {k} {v:.4f}' for k, v in means.items())
+        grad = f' grad_norm {float(m[-1]["grad_norm"]):.2f}' if 'grad_norm' in m[-1] else ''
+        log(f'step {step} loss {loss:.4f}{extra} lr {float(schedule(step)):.2e}{grad} '
+            f'{rate:.2f} steps/s')
+        metrics_file.write(json.dumps({'step': step, 'train_loss': loss, 'steps_per_s': rate,
+                                       **{f'train_{k}': v for k, v in means.items()}}) + '\n')
+        window, t_window = [], time.time()
+      if dev_metrics and spec.eval_every and step % spec.eval_every == 0 and step < spec.steps:
+        dev = dev_metrics(state['params'])
+        log(f'step {step} ' + ' '.join(f'{k} {v:.4f}' for k, v in dev.items()))
+        metrics_file.write(json.dumps({'step': step, **dev}) + '\n')
+      if step % spec.checkpoint_every == 0 and _save(mngr, step, state, batches.state()):
+        log(f'step {step} checkpoint saving')
+    bar.close()
+    if mngr.latest_step() != step:
+      _save(mngr, step, state, batches.state(), force=True)
+    mngr.wait_until_finished()
+    results: dict[str, Any] = {'name': spec.name, 'steps': step}
+    if dev_metrics:
+      dev = dev_metrics(state['params'])
+      results.update(dev)
+      log(f'step {step} final ' + ' '.join(f'{k} {v:.4f}' for k, v in dev.items()))
+      metrics_file.write(json.dumps({'step': step, **dev}) + '\n')
+  return state, results
 
 
 def train(cfg) -> dict[str, Any]:
@@ -211,6 +276,9 @@ def train(cfg) -> dict[str, Any]:
   log = _Log(spec.workdir)
   mngr = checkpoint_manager(spec)
   try:
+    if spec.head is not None:  # a feature head for a frozen target: its own state and export
+      from specjax.training import head as head_training  # pylint: disable=import-outside-toplevel
+      return head_training.train(spec, mngr, log, t_start)
     return _train(spec, mngr, log, t_start)
   finally:
     mngr.close()  # waits for a save in flight, also when training failed
@@ -254,7 +322,7 @@ def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   if latest is not None:
     abstract = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                             jax.eval_shape(init_fn, abstract_params), state_shardings)
-    state, data_state = _restore(mngr, latest, abstract)
+    state, data_state = restore_checkpoint(mngr, latest, abstract)
     batches.restore(data_state)
     log(f'resumed from checkpoint step {int(state["step"])} (epoch {batches.epoch}, '
         f'batch {batches.position})')
@@ -262,53 +330,27 @@ def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
     state = init_fn(jax.device_put(model.params, p_shard))
     log(f'{spec.name}: new run, {sum(x.size for x in jax.tree.leaves(state["params"])):,} params')
   del model
-  _write_json(workdir / 'config.json',
+  write_json(workdir / 'config.json',
               json.loads(json.dumps(dataclasses.asdict(spec), default=str)))
-  train_step, eval_step = make_steps(spec, config, optimizer, state_shardings, batch_sharding)
+  if spec.onpolicy is not None:  # the same state and export, another step (and dev metric)
+    from specjax.training import distill  # pylint: disable=import-outside-toplevel
+    train_step, eval_step = distill.make_steps(spec, config, optimizer, state_shardings,
+                                               batch_sharding, log)
+    own = tokenize_split(spec, tokenizer, 'dev', n_eval, spec.onpolicy.teacher, log)
+    dev_own = Batches(Tokenized(own.sources[:n_eval], own.targets[:n_eval], []), spec.data, 0,
+                      train=False)
+    dev_metrics = distill.dev_metrics_fn(eval_step, dev_own, spec.data.batch_size)
+  else:
+    train_step, eval_step = make_steps(spec, config, optimizer, state_shardings, batch_sharding)
 
-  def dev_loss(params) -> float:
-    sums = [eval_step(params, b) for b in dev_eval.eval_batches(spec.data.batch_size)]
-    sums = jax.device_get(sums)
-    return float(sum(s for s, _ in sums) / max(sum(n for _, n in sums), 1.0))
+    def dev_metrics(params) -> dict[str, float]:
+      sums = [eval_step(params, b) for b in dev_eval.eval_batches(spec.data.batch_size)]
+      sums = jax.device_get(sums)
+      return {'dev_loss': float(sum(s for s, _ in sums) / max(sum(n for _, n in sums), 1.0))}
 
-  step = int(state['step'])
-  bar = progress_bar(spec.steps, spec.name, spec.progress, initial=step)
-  window, t_window = [], time.time()
-  with open(workdir / 'metrics.jsonl', 'a', buffering=1) as metrics_file:
-    while step < spec.steps:
-      state, metrics = train_step(state, next(batches))
-      step += 1
-      window.append(metrics)
-      if spec.throttle_s:
-        time.sleep(spec.throttle_s)
-      bar.update(1)
-      if step % spec.log_every == 0 or step == spec.steps:
-        m = jax.device_get(window)
-        loss = float(sum(x['ce_sum'] for x in m) / max(sum(x['tokens'] for x in m), 1.0))
-        rate = len(window) / max(time.time() - t_window, 1e-9)
-        bar.set_postfix(loss=f'{loss:.3f}', steps_s=f'{rate:.2f}')
-        log(f'step {step} loss {loss:.4f} lr {float(schedule(step)):.2e} '
-            f'grad_norm {float(m[-1]["grad_norm"]):.2f} {rate:.2f} steps/s')
-        metrics_file.write(json.dumps({'step': step, 'train_loss': loss,
-                                       'steps_per_s': rate}) + '\n')
-        window, t_window = [], time.time()
-      if spec.eval_every and step % spec.eval_every == 0 and step < spec.steps and n_eval:
-        loss = dev_loss(state['params'])
-        log(f'step {step} dev_loss {loss:.4f}')
-        metrics_file.write(json.dumps({'step': step, 'dev_loss': loss}) + '\n')
-      if step % spec.checkpoint_every == 0 and _save(mngr, step, state, batches.state()):
-        log(f'step {step} checkpoint saving')
-    bar.close()
-    if mngr.latest_step() != step:
-      _save(mngr, step, state, batches.state(), force=True)
-    mngr.wait_until_finished()
-    results: dict[str, Any] = {'name': spec.name, 'steps': step,
-                               'train_wall_s': time.time() - t_start}
-    if n_eval:
-      results['dev_loss'] = dev_loss(state['params'])
-      log(f'step {step} final dev_loss {results["dev_loss"]:.4f}')
-      metrics_file.write(json.dumps({'step': step, 'dev_loss': results['dev_loss']}) + '\n')
-
+  state, results = run_loop(spec, mngr, log, state, train_step, batches, schedule,
+                            dev_metrics if n_eval else None)
+  results['train_wall_s'] = time.time() - t_start
   model = T5Model(params=state['params'], config=config)
   if spec.data.bleu_examples:
     results['dev_bleu'], hyps = bleu(model, tokenizer, dev_data, spec.data,
@@ -323,7 +365,7 @@ def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   results['wall_s'] = time.time() - t_start
   log(f'exported {export} ({sum(f.stat().st_size for f in export.iterdir()) / 1e6:.1f} MB); '
       f'done in {results["wall_s"]:.0f}s')
-  _write_json(workdir / 'results.json', results)
+  write_json(workdir / 'results.json', results)
   return results
 
 
@@ -331,7 +373,7 @@ def _train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
 
 
 def main(config) -> None:
-  """Trains from a config (the ConfigDict of configs/finetune/*.py); `python -m specjax.finetune`."""
+  """Trains from a config (a ConfigDict of configs/finetune/*.py): `python -m specjax.finetune`."""
   from absl import logging  # pylint: disable=import-outside-toplevel
   logging.set_verbosity(logging.WARNING)  # orbax logs every save at INFO
   try:

@@ -33,6 +33,7 @@ class ModelSpec:
   vocab_size: int           # from scratch: t5.vocab_size as configured (0 = the tokenizer's size)
   param_dtype: str          # training dtype of the params
   export_dtype: str         # dtype of the exported safetensors
+  dropout_rate: float       # T5 dropout during training (0 = off); never at inference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +51,8 @@ class DataSpec:
   eval_examples: int        # dev examples for the periodic dev loss
   bleu_examples: int        # dev examples decoded for BLEU at the end (0 = skip)
   distill_from: str         # teacher checkpoint: train on its greedy outputs ('' = references)
+  cache_dir: str = ''       # tokenised-data cache ('' = workdir/cache); runs that share it
+                            # decode a teacher's outputs once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,32 @@ class OptimSpec:
   clip_norm: float          # global gradient-norm clipping (0 = off)
   label_smoothing: float
   z_loss: float             # T5X's auxiliary log(Z)^2 loss weight
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadSpec:
+  """config.head: train a feature head (specjax.models.head) for the frozen model.init_from."""
+  d_model: int              # the head's width (its cost: c grows with it)
+  num_heads: int            # self-attention heads of the head
+  d_kv: int
+  d_ff: int
+  feature_weight: float     # weight of the smooth-L1 regression onto the target's features
+  distribution_weight: float  # weight of KL(p_target || q_head) (the target's T = 1 law)
+  feature_noise: float      # uniform noise on the input features, times their RMS (EAGLE)
+  unroll: int               # passes per step; pass k > 1 reads the features pass k-1 predicted
+  include_references: bool  # train on the references too, beside the target's own outputs
+
+
+ONPOLICY_DIVERGENCES = ('tvd', 'fkl')
+
+
+@dataclasses.dataclass(frozen=True)
+class OnPolicySpec:
+  """config.onpolicy: on-policy distillation (DistillSpec) of model.init_from from a teacher."""
+  teacher: str              # the frozen target whose distribution the draft learns
+  divergence: str           # 'tvd' (total variation, 1 - alpha per position) or 'fkl' (KL(p||q))
+  temperature: float        # the draft samples its training prefixes at this temperature
+  max_new_tokens: int       # length of the sampled prefixes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,13 +114,18 @@ class FinetuneSpec:
   mesh_shape: tuple[int, ...]  # (data, model); (-1, 1) = data parallel over every device
   progress: bool
   throttle_s: float         # sleep per step (tests that interrupt a run use it); 0 normally
+  head: HeadSpec | None = None          # set: train a feature head instead of a T5
+  onpolicy: OnPolicySpec | None = None  # set: on-policy distillation of a T5 draft
 
 
 def finetune_spec(cfg) -> FinetuneSpec:
   """ConfigDict (configs/finetune/common.py) -> validated FinetuneSpec; else a ConfigError."""
   if isinstance(cfg, FinetuneSpec):
     return cfg
-  top = configuring.read_fields(FinetuneSpec, cfg, skip=('model',))
+  top = configuring.read_fields(FinetuneSpec, cfg, skip=('model', 'head', 'onpolicy'))
+  for name, cls in (('head', HeadSpec), ('onpolicy', OnPolicySpec)):
+    if name in cfg and cfg[name] is not None:
+      top[name] = configuring.read(cls, cfg[name], path=f'{name}.')
   if 'model' not in cfg:
     raise ConfigError('config.model: missing config key')
   m = configuring.read_fields(ModelSpec, cfg['model'], path='model.', skip=('t5', 'vocab_size'))
@@ -140,6 +174,7 @@ def _validate(s: FinetuneSpec):
   require(len(s.mesh_shape) == 2, 'mesh_shape', '(data, model), e.g. (-1, 1)', s.mesh_shape)
   m, d, o = s.model, s.data, s.optim
   require(m.param_dtype in DTYPES, 'model.param_dtype', f'one of {DTYPES}', m.param_dtype)
+  require(0 <= m.dropout_rate < 1, 'model.dropout_rate', 'in [0, 1)', m.dropout_rate)
   require(m.export_dtype in DTYPES, 'model.export_dtype', f'one of {DTYPES}', m.export_dtype)
   require(bool(d.task), 'data.task', 'a task name', d.task)
   require(bool(d.tokenizer or m.init_from), 'data.tokenizer',
@@ -166,7 +201,26 @@ def _validate(s: FinetuneSpec):
   require(o.clip_norm >= 0, 'optim.clip_norm', '>= 0 (0 = off)', o.clip_norm)
   require(0 <= o.label_smoothing < 1, 'optim.label_smoothing', 'in [0, 1)', o.label_smoothing)
   require(o.z_loss >= 0, 'optim.z_loss', '>= 0', o.z_loss)
-  for field, path in (('model.init_from', m.init_from), ('data.distill_from', d.distill_from)):
+  if s.head is not None:
+    h = s.head
+    for field in ('d_model', 'num_heads', 'd_kv', 'd_ff', 'unroll'):
+      require(getattr(h, field) > 0, f'head.{field}', '> 0', getattr(h, field))
+    for field in ('feature_weight', 'distribution_weight', 'feature_noise'):
+      require(getattr(h, field) >= 0, f'head.{field}', '>= 0', getattr(h, field))
+    require(bool(m.init_from), 'model.init_from', 'the target the head reads (a checkpoint)',
+            m.init_from)
+  if s.onpolicy is not None:
+    o2 = s.onpolicy
+    require(o2.divergence in ONPOLICY_DIVERGENCES, 'onpolicy.divergence',
+            f'one of {ONPOLICY_DIVERGENCES}', o2.divergence)
+    require(o2.temperature > 0, 'onpolicy.temperature', '> 0', o2.temperature)
+    require(o2.max_new_tokens > 0, 'onpolicy.max_new_tokens', '> 0', o2.max_new_tokens)
+    require(bool(o2.teacher), 'onpolicy.teacher', 'a checkpoint', o2.teacher)
+    require(bool(m.init_from), 'model.init_from', 'the draft to distil (a checkpoint)',
+            m.init_from)
+    require(s.head is None, 'onpolicy', 'unset when config.head is set', 'set')
+  for field, path in (('model.init_from', m.init_from), ('data.distill_from', d.distill_from),
+                      ('onpolicy.teacher', s.onpolicy.teacher if s.onpolicy else '')):
     if path and (path.startswith(('.', '/', '~')) or path.count('/') > 1):
       require(os.path.isfile(os.path.join(os.path.expanduser(path), 'config.json')), field,
                'a checkpoint directory with config.json (or a hub id)', path)

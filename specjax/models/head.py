@@ -1,0 +1,252 @@
+"""A draft head that reads the target's own features (EAGLE-style) for a T5 encoder-decoder.
+
+Shape legend: B batch, S source length, K positions fed per call, T cache length, D the head's
+width, Df the target's d_model (its feature size), H / Dk the head's self-attention heads,
+Hc / Dkc the target's heads (cross-attention), F the head's d_ff, V vocab, NB buckets.
+
+The head is one T5 decoder block (pre-norm, relative-position self-attention, gated-GELU FFN)
+that runs beside the target's decoder. At decoder position j it reads
+
+  f_{j-1}  the target's final decoder hidden state at position j-1 (what the target's head turns
+           into p_{j-1}), or its own prediction of it beyond the verified prefix; a learned
+           `start_feature` stands in for f_{-1} at position 0
+  y_j      the decoder input token at position j, through the target's (frozen) embedding
+
+and returns its prediction of f_j (fed to the next step) and logits for y_{j+1} through its own
+narrow output head (the target's 512-wide head would cost more than the whole head).
+Cross-attention reads the source through the *target's* last-layer cross-attention keys/values,
+already in the target's cache: the head runs no encoder and projects nothing per source.
+
+Params (weights [in, out]):
+  start_feature [Df]
+  in_proj       [2 Df, D]        [f_{j-1}; embed(y_j)] -> the block's input
+  rel_bias      [NB, H]
+  self_norm, self_q/k/v [D, H Dk], self_o [H Dk, D]
+  cross_norm, cross_q [D, Hc Dkc], cross_o [Hc Dkc, D]
+  ffn_norm, wi_0 / wi_1 [D, F], wo [F, D]
+  final_norm    [D]
+  feat_out      [D, Df]          predicted f_j
+  lm_head       [D, V]           logits for y_{j+1}
+
+Files: `save_head` writes head_config.json + head.safetensors (a few MB); the target is loaded
+separately (its embedding and cross K/V are read, never copied).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from specjax.models import t5
+
+Params = dict[str, Any]
+CONFIG_NAME = 'head_config.json'
+WEIGHTS_NAME = 'head.safetensors'
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadConfig:
+  """Architecture of a feature head for one target (hashable: a static jit argument)."""
+  vocab_size: int
+  feature_dim: int          # the target's d_model
+  cross_heads: int          # the target's num_heads
+  cross_d_kv: int           # the target's d_kv
+  d_model: int = 128
+  num_heads: int = 2
+  d_kv: int = 64
+  d_ff: int = 512
+  relative_attention_num_buckets: int = 32
+  relative_attention_max_distance: int = 128
+  layer_norm_epsilon: float = 1e-6
+
+  @classmethod
+  def for_target(cls, target_config: t5.T5Config, **kw) -> 'HeadConfig':
+    return cls(vocab_size=target_config.vocab_size, feature_dim=target_config.d_model,
+               cross_heads=target_config.num_heads, cross_d_kv=target_config.d_kv,
+               relative_attention_num_buckets=target_config.relative_attention_num_buckets,
+               relative_attention_max_distance=target_config.relative_attention_max_distance,
+               **kw)
+
+  def check_target(self, target_config: t5.T5Config) -> None:
+    """A ValueError naming the first field where this head does not fit the target."""
+    want = {'vocab_size': target_config.vocab_size, 'feature_dim': target_config.d_model,
+            'cross_heads': target_config.num_heads, 'cross_d_kv': target_config.d_kv}
+    for name, value in want.items():
+      if getattr(self, name) != value:
+        raise ValueError(f'feature head {name}={getattr(self, name)} does not fit the target '
+                         f'({value}): the head was trained for another target')
+
+
+def init_head_params(config: HeadConfig, key, dtype=jnp.float32) -> Params:
+  """Random params (T5's init scheme); the start feature starts at zero."""
+  d, hd, hc, f = config.d_model, config.num_heads * config.d_kv, (
+      config.cross_heads * config.cross_d_kv), config.d_ff
+  df, v = config.feature_dim, config.vocab_size
+  keys = iter(jax.random.split(key, 16))
+
+  def normal(shape, std):
+    return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+  return {
+      'start_feature': jnp.zeros((df,), dtype),
+      'in_proj': normal((2 * df, d), (2 * df) ** -0.5),
+      'rel_bias': normal((config.relative_attention_num_buckets, config.num_heads), d ** -0.5),
+      'self_norm': jnp.ones((d,), dtype),
+      'self_q': normal((d, hd), (d * config.d_kv) ** -0.5), 'self_k': normal((d, hd), d ** -0.5),
+      'self_v': normal((d, hd), d ** -0.5), 'self_o': normal((hd, d), hd ** -0.5),
+      'cross_norm': jnp.ones((d,), dtype),
+      'cross_q': normal((d, hc), (d * config.cross_d_kv) ** -0.5),
+      'cross_o': normal((hc, d), hc ** -0.5),
+      'ffn_norm': jnp.ones((d,), dtype),
+      'wi_0': normal((d, f), d ** -0.5), 'wi_1': normal((d, f), d ** -0.5),
+      'wo': normal((f, d), f ** -0.5),
+      'final_norm': jnp.ones((d,), dtype),
+      'feat_out': normal((d, df), d ** -0.5),
+      'lm_head': normal((d, v), d ** -0.5),
+  }
+
+
+def param_count(config: HeadConfig) -> int:
+  shapes = jax.eval_shape(lambda: init_head_params(config, jax.random.PRNGKey(0)))
+  return sum(int(np.prod(x.shape)) for x in jax.tree.leaves(shapes))
+
+
+@struct.dataclass
+class HeadCache:
+  """The head's self-attention keys/values [B, T, H, Dk], valid below each row's length."""
+  self_k: jax.Array
+  self_v: jax.Array
+
+  @property
+  def max_len(self) -> int:
+    return self.self_k.shape[1]
+
+
+def init_cache(config: HeadConfig, batch: int, max_len: int, dtype=jnp.float32) -> HeadCache:
+  z = jnp.zeros((batch, max_len, config.num_heads, config.d_kv), dtype)
+  return HeadCache(self_k=z, self_v=z)
+
+
+def _heads(x_BxKxI, heads: int, d_kv: int):
+  b, k, _ = x_BxKxI.shape
+  return x_BxKxI.reshape(b, k, heads, d_kv)
+
+
+def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxDf,
+          cross_k_BxSxHcxDkc, cross_v_BxSxHcxDkc, enc_mask_BxS, tokens_BxK, features_BxKxDf,
+          lengths_B):
+  """Feeds K positions per row at offsets lengths_B (written into the cache there).
+
+  features_BxKxDf[:, i] is f_{j-1} for position j = lengths + i. Returns (predicted f_j
+  [B, K, Df] in the params dtype, float32 logits for y_{j+1} [B, K, V], cache). Position i sees
+  the cache below lengths + i + 1 (the committed prefix and the block up to itself).
+  """
+  eps = config.layer_norm_epsilon
+  b, k = tokens_BxK.shape
+  t = cache.max_len
+  dtype = params['in_proj'].dtype
+  emb_BxKxDf = target_embed_VxDf[tokens_BxK].astype(dtype)
+  x = jnp.concatenate([features_BxKxDf.astype(dtype), emb_BxKxDf], -1) @ params['in_proj']
+  lengths_B = lengths_B.astype(jnp.int32)
+  q_pos_BxK = lengths_B[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
+  k_pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+  bias = t5.position_bias(params['rel_bias'], q_pos_BxK, k_pos_BxT, bidirectional=False,
+                          config=config)
+  visible_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
+  bias = bias + jnp.where(visible_BxKxT[:, None], 0.0, t5.NEG_INF)
+  h = t5.rms_norm(x, params['self_norm'], eps)
+  heads = lambda y: _heads(y, config.num_heads, config.d_kv)  # noqa: E731
+  q = heads(h @ params['self_q'])
+  ck = t5.write_rows(cache.self_k, heads(h @ params['self_k']), lengths_B)
+  cv = t5.write_rows(cache.self_v, heads(h @ params['self_v']), lengths_B)
+  x = x + t5.attend(q, ck, cv, bias) @ params['self_o']
+  h = t5.rms_norm(x, params['cross_norm'], eps)
+  q = _heads(h @ params['cross_q'], config.cross_heads, config.cross_d_kv)
+  cross_bias = jnp.where(enc_mask_BxS[:, None, None, :], 0.0, t5.NEG_INF).astype(jnp.float32)
+  x = x + t5.attend(q, cross_k_BxSxHcxDkc.astype(dtype), cross_v_BxSxHcxDkc.astype(dtype),
+                    cross_bias) @ params['cross_o']
+  h = t5.rms_norm(x, params['ffn_norm'], eps)
+  x = x + (jax.nn.gelu(h @ params['wi_0'], approximate=True) * (h @ params['wi_1'])) @ params['wo']
+  z = t5.rms_norm(x, params['final_norm'], eps)
+  feat_BxKxDf = z @ params['feat_out']
+  logits = jnp.einsum('bkd,dv->bkv', z, params['lm_head'], preferred_element_type=jnp.float32)
+  return feat_BxKxDf, logits, HeadCache(self_k=ck, self_v=cv)
+
+
+def teacher_forced(params: Params, config: HeadConfig, target_embed_VxDf, cross_k, cross_v,
+                   enc_mask_BxS, tokens_BxT, prev_features_BxTxDf):
+  """The head over whole decoder inputs at once (training): predicted f_j and logits for y_{j+1}
+  at every position j, given f_{j-1} per position (prev_features)."""
+  b, t = tokens_BxT.shape
+  cache = init_cache(config, b, t, params['in_proj'].dtype)
+  feat, logits, _ = block(params, config, cache, target_embed_VxDf, cross_k, cross_v,
+                          enc_mask_BxS, tokens_BxT, prev_features_BxTxDf,
+                          jnp.zeros((b,), jnp.int32))
+  return feat, logits
+
+
+def shift_features(params: Params, features_BxTxDf):
+  """[start_feature, f_0 .. f_{T-2}]: the f_{j-1} each position j reads."""
+  b = features_BxTxDf.shape[0]
+  start = jnp.broadcast_to(params['start_feature'].astype(features_BxTxDf.dtype),
+                           (b, 1, features_BxTxDf.shape[-1]))
+  return jnp.concatenate([start, features_BxTxDf[:, :-1]], axis=1)
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def save_head(params: Params, config: HeadConfig, directory, dtype=None) -> Path:
+  """head_config.json + head.safetensors, written atomically into `directory`."""
+  from safetensors.numpy import save_file  # pylint: disable=import-outside-toplevel
+  directory = Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  flat = {k: np.asarray(jax.device_get(v)) for k, v in params.items()}
+  if dtype is not None:
+    flat = {k: v.astype(dtype) for k, v in flat.items()}
+  tmp = directory / f'.{WEIGHTS_NAME}.tmp{os.getpid()}'
+  save_file(flat, str(tmp))
+  os.chmod(tmp, 0o644)  # safetensors creates it 0600
+  os.replace(tmp, directory / WEIGHTS_NAME)
+  tmp = directory / f'.{CONFIG_NAME}.tmp{os.getpid()}'
+  tmp.write_text(json.dumps(dataclasses.asdict(config), indent=2, sort_keys=True) + '\n')
+  os.replace(tmp, directory / CONFIG_NAME)
+  return directory
+
+
+def load_head(directory, dtype=jnp.float32) -> tuple[Params, HeadConfig]:
+  """(params, config) from save_head's files; a one-line ValueError naming the file otherwise."""
+  directory = Path(directory)
+  cfg_file, weights = directory / CONFIG_NAME, directory / WEIGHTS_NAME
+  for f in (cfg_file, weights):
+    if not f.is_file():
+      raise ValueError(f'feature head: {f} not found (a head directory holds {CONFIG_NAME} and '
+                       f'{WEIGHTS_NAME}, written by specjax.models.head.save_head)')
+  try:
+    config = HeadConfig(**json.loads(cfg_file.read_text()))
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'feature head: {cfg_file} is not a head config ({e})') from None
+  from safetensors.numpy import load_file  # pylint: disable=import-outside-toplevel
+  try:
+    flat = load_file(str(weights))
+  except Exception as e:  # pylint: disable=broad-except  # safetensors raises its own types
+    raise ValueError(f'feature head: corrupt {weights} ({str(e).splitlines()[0]})') from None
+  want = jax.eval_shape(lambda: init_head_params(config, jax.random.PRNGKey(0)))
+  for name, sd in want.items():
+    if name not in flat:
+      raise ValueError(f'feature head: tensor {name!r} missing in {weights}')
+    if tuple(flat[name].shape) != tuple(sd.shape):
+      raise ValueError(f'feature head: tensor {name!r} in {weights} has shape '
+                       f'{tuple(flat[name].shape)}, expected {tuple(sd.shape)}')
+  extra = sorted(set(flat) - set(want))
+  if extra:
+    raise ValueError(f'feature head: unknown tensor {extra[0]!r} in {weights}')
+  return {k: jnp.asarray(flat[k].astype(np.float32)).astype(dtype) for k in want}, config

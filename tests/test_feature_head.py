@@ -1,0 +1,244 @@
+"""FeatureHeadDraft: a draft head on the target's own features (specjax.decoding.feature_head).
+
+Shapes: N rows, V vocab, G gamma, M = 3 generated tokens, Df the target's d_model.
+
+Exactness: one batched speculative_decode of N = 20,000 copies of one prompt with a random tiny
+head; the joint law of the first M = 3 tokens against the target's enumerated law (chi-square),
+at T = 1 and 0.7 and under a stop rule; the engine's controls (always accept, residual replaced
+by p) and a head that reuses one step's sampling noise must be rejected (p < 1e-6).
+Greedy: token-identical to autoregressive_decode for several gamma, ragged batch, EOS rows; each
+row alone gives the tokens it gives in the batch. Plumbing: after every iteration the features
+the head holds equal the target's teacher-forced hidden states at the same positions (accepts,
+rejects and rollbacks all occur); the head runs no encoder (traced calls counted).
+"""
+
+import functools
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import struct
+
+from chi2 import chi2_pvalue  # tests/chi2.py
+from specjax.decoding import loop, protocol, stopping
+from specjax.decoding.feature_head import FeatureHeadDraft
+from specjax.decoding.sampling import Sampling, probs
+from specjax.models import head as head_lib
+from specjax.models import t5
+from specjax.models.t5 import T5Config, T5Model, init_params
+
+V, N, M, GAMMA = 12, 20_000, 3, 2
+PROMPT = np.array([[5, 3, 9, 2, 0]], np.int32)
+SEED = 2024
+
+
+def _target():
+  config = T5Config(vocab_size=V, d_model=8, d_kv=4, d_ff=16, num_layers=1, num_decoder_layers=2,
+                    num_heads=2, relative_attention_num_buckets=8,
+                    relative_attention_max_distance=8, gated=True, tie_word_embeddings=False,
+                    scale_logits=False)
+  return T5Model(init_params(config, jax.random.PRNGKey(0)), config)
+
+
+def _head(target, seed=1, scale=1.0):
+  hc = head_lib.HeadConfig.for_target(target.config, d_model=8, num_heads=2, d_kv=4, d_ff=16)
+  params = head_lib.init_head_params(hc, jax.random.PRNGKey(seed))
+  params = jax.tree.map(lambda p: p * scale if p.ndim == 2 else p, params)
+  # A non-zero start feature, so position 0 reads something learned-looking.
+  params['start_feature'] = jax.random.normal(jax.random.PRNGKey(seed + 7), (hc.feature_dim,))
+  return FeatureHeadDraft.for_target(target, (params, hc))
+
+
+@functools.lru_cache(maxsize=None)
+def models():
+  target = _target()
+  return target, _head(target)
+
+
+def exact_law(sampling):
+  prefixes = np.array(list(itertools.product(range(V), repeat=2)), np.int32)
+  dec_in = np.concatenate([np.zeros((V * V, 1), np.int32), prefixes], axis=1)
+  logits = models()[0].logits(np.repeat(PROMPT, V * V, axis=0), dec_in)
+  p = np.asarray(probs(logits, sampling), np.float64).reshape(V, V, 3, V)
+  law = p[0, 0, 0][:, None, None] * p[:, 0, 1][:, :, None] * p[:, :, 2]
+  return law / law.sum()
+
+
+@functools.lru_cache(maxsize=None)
+def law_pvalue(sampling, verify_fn=None, draft_cls=None, stop=None, gamma=GAMMA):
+  target, draft = models()
+  if draft_cls is not None:
+    draft = draft_cls(**{f: getattr(draft, f) for f in ('params', 'target_embed_VxDf',
+                                                       'config')})
+  out = loop.speculative_decode(
+      target, draft, np.repeat(PROMPT, N, axis=0), gamma=gamma, max_new_tokens=M,
+      temperature=sampling.temperature, rng=jax.random.PRNGKey(SEED), eos_id=-1,
+      verify_fn=verify_fn, stop=stop)
+  tokens = np.asarray(out.tokens)
+  assert (np.asarray(out.lengths) == M).all()
+  counts = np.bincount(tokens @ np.array([V * V, V, 1]), minlength=V ** 3)
+  return chi2_pvalue(counts, exact_law(sampling)), jax.device_get(out.stats)
+
+
+@pytest.mark.parametrize('temperature', [1.0, 0.7])
+def test_head_output_follows_target_law(temperature):
+  p, stats = law_pvalue(Sampling(temperature=temperature))
+  hist = np.asarray(stats.accepted_hist).sum(0)
+  print(f'T={temperature}: chi-square p = {p:.3g}, accepted hist {hist}, alpha {stats.alpha:.3f}')
+  assert hist.min() > 1000, hist  # rejections, partial and full acceptances all frequent
+  assert p > 1e-3
+
+
+def test_head_law_under_a_stop_rule():
+  p, stats = law_pvalue(Sampling(temperature=1.0), stop=stopping.Confidence(0.15), gamma=3)
+  hist = np.asarray(stats.proposed_hist).sum(0)
+  print(f'Confidence(0.15), G_MAX 3: chi-square p = {p:.3g}, proposed hist {hist}')
+  assert (hist[1:] > 500).all(), hist  # rows stop early at every length
+  assert p > 1e-3
+
+
+def _always_accept(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
+  from specjax.decoding.sampling import sample  # pylint: disable=import-outside-toplevel
+  n = jnp.int32(draft_tokens_G.shape[0]) if n is None else n
+  return n, sample(key, p_G1xV[n])
+
+
+def _residual_is_p(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
+  from specjax.decoding import acceptance  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.sampling import sample  # pylint: disable=import-outside-toplevel
+  m, _ = acceptance.verify(key, draft_tokens_G, q_GxV, p_G1xV, n)
+  return m, sample(jax.random.fold_in(key, 1), p_G1xV[m])
+
+
+@struct.dataclass
+class ReusedNoiseHead(FeatureHeadDraft):
+  """Control: every draft step samples with step 0's Gumbel noise (tokens of a block dependent)."""
+
+  def step_noise(self, gumbel_BxGxV, i):
+    return gumbel_BxGxV[:, 0]
+
+
+@pytest.mark.parametrize('control', ['always_accept', 'residual_is_p', 'reused_noise'])
+def test_negative_controls_are_rejected(control):
+  kw = {'always_accept': dict(verify_fn=_always_accept),
+        'residual_is_p': dict(verify_fn=_residual_is_p),
+        'reused_noise': dict(draft_cls=ReusedNoiseHead)}[control]
+  p, _ = law_pvalue(Sampling(temperature=1.0), **kw)
+  print(f'control {control}: chi-square p = {p:.3g}')
+  assert p < 1e-6
+
+
+# ----------------------------------------------------------------------------- greedy
+
+
+def _greedy_pair():
+  """A target with spread-out logits and a head trained for nothing: many rejections."""
+  from specjax import testing  # pylint: disable=import-outside-toplevel
+  config = testing.tiny_config('v11', vocab_size=48)
+  target = testing.tiny_t5(config, seed=3)
+  target = target.replace(params=testing.spread_params(target.params, 3))
+  return target, _head(target, seed=4, scale=2.0)
+
+
+def test_greedy_identical_to_autoregressive_and_batch_invariant():
+  target, draft = _greedy_pair()
+  rng = np.random.RandomState(0)
+  ids = rng.randint(2, 48, (4, 9)).astype(np.int32)
+  ids[1, 6:] = 0
+  ids[3, 3:] = 0
+  eos = int(np.asarray(loop.autoregressive_decode(target, ids, max_new_tokens=14).tokens)[0, 4])
+  base = loop.autoregressive_decode(target, ids, max_new_tokens=14, eos_id=eos)
+  assert (np.asarray(base.lengths) < 14).any()  # some row ends at EOS, some at max length
+  for gamma in (1, 3, 5):
+    out = loop.speculative_decode(target, draft, ids, gamma=gamma, max_new_tokens=14, eos_id=eos)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    np.testing.assert_array_equal(out.lengths, base.lengths)
+  for b in range(4):  # each row alone: the tokens it got in the batch
+    alone = loop.speculative_decode(target, draft, ids[b:b + 1], gamma=3, max_new_tokens=14,
+                                    eos_id=eos)
+    np.testing.assert_array_equal(alone.tokens[0], base.tokens[b])
+
+
+def test_stats_count_the_head_passes():
+  """One window pass + (n - 1) one-token passes per proposal: gamma per iteration here."""
+  target, draft = _greedy_pair()
+  ids = np.random.RandomState(1).randint(2, 48, (2, 6)).astype(np.int32)
+  out = loop.speculative_decode(target, draft, ids, gamma=4, max_new_tokens=10, eos_id=-1)
+  s = out.stats
+  assert int(s.draft_passes) == int(s.iterations) * 4
+
+
+# ----------------------------------------------------------------------------- plumbing
+
+
+def test_head_holds_the_target_teacher_forced_features():
+  """prev[j] = f_{j-1} for every j <= L after each iteration, f from teacher forcing."""
+  target, draft = _greedy_pair()
+  ids = np.random.RandomState(2).randint(2, 48, (3, 8)).astype(np.int32)
+  ids[2, 5:] = 0
+  gamma, max_new = 3, 12
+  sampling = Sampling(temperature=1.0)
+  state = loop.speculative_init(target, draft, jnp.asarray(ids), jax.random.PRNGKey(5),
+                                gamma=gamma, max_new_tokens=max_new)
+  step = jax.jit(functools.partial(loop.speculative_step, gamma=gamma, max_new_tokens=max_new,
+                                   sampling=sampling, eos_id=-1))
+  ms = set()
+  while not bool(np.all(np.asarray(state.done))):
+    before = np.asarray(state.stats.accepted).copy()
+    state = step(target, draft, state)
+    ms.update((np.asarray(state.stats.accepted) - before).tolist())
+    lengths = np.asarray(state.lengths)
+    seq = np.asarray(state.seq)
+    hidden = np.asarray(jax.jit(t5.teacher_forced_hidden, static_argnums=1)(
+        target.params, target.config, jnp.asarray(ids), jnp.asarray(seq[:, :max_new + 1])))
+    prev = np.asarray(state.draft_state.prev_BxNxDf)
+    for b in range(3):
+      lb = min(lengths[b], max_new - 1)
+      np.testing.assert_allclose(prev[b, 1:lb + 1], hidden[b, :lb], rtol=1e-5, atol=1e-5)
+      np.testing.assert_allclose(prev[b, 0], np.asarray(draft.params['start_feature']))
+  assert 0 in ms and max(ms) >= 2, ms  # rejections, and blocks with accepted drafts
+
+
+def test_no_second_encoder(monkeypatch):
+  """Tracing the loop's init and step: the target's encoder once, the head none (a model draft,
+  the control, runs its own)."""
+  target, head = _greedy_pair()
+  calls = []
+  real = t5.encode
+  monkeypatch.setattr(t5, 'encode', lambda *a, **k: calls.append(1) or real(*a, **k))
+  ids = jnp.ones((2, 5), jnp.int32)
+
+  def traced(draft):
+    calls.clear()
+    def run(ids):
+      state = loop.speculative_init(target, draft, ids, jax.random.PRNGKey(0), gamma=2,
+                                    max_new_tokens=4)
+      return loop.speculative_step(target, draft, state, gamma=2, max_new_tokens=4,
+                                   sampling=Sampling(), eos_id=1)
+    jax.make_jaxpr(run)(ids)
+    return len(calls)
+
+  assert traced(head) == 1
+  assert traced(target) == 2  # control: a T5 draft encodes the source itself
+
+
+def test_head_files_roundtrip_and_errors(tmp_path):
+  target, draft = _greedy_pair()
+  head_lib.save_head(draft.params, draft.config, tmp_path / 'head')
+  again = FeatureHeadDraft.for_target(target, tmp_path / 'head')
+  for k, v in draft.params.items():
+    np.testing.assert_array_equal(np.asarray(again.params[k]), np.asarray(v))
+  other = _target()  # another target shape
+  with pytest.raises(ValueError, match='vocab_size'):
+    FeatureHeadDraft.for_target(other, tmp_path / 'head')
+  with pytest.raises(ValueError, match='not found'):
+    FeatureHeadDraft.for_target(target, tmp_path / 'nope')
+  (tmp_path / 'head' / head_lib.WEIGHTS_NAME).write_bytes(b'garbage')
+  with pytest.raises(ValueError, match='corrupt'):
+    FeatureHeadDraft.for_target(target, tmp_path / 'head')
+  with pytest.raises(ValueError, match='reads the target'):
+    loop.speculative_decode(target, draft, np.ones((2, 3), np.int32), max_new_tokens=4,
+                            tree=(2, 1))
+  assert protocol.reads_target(draft) and not protocol.reads_target(loop.as_draft(target))

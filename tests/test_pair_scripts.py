@@ -1,0 +1,39 @@
+"""The shipped pair's design and evaluation scripts (experiments/pair_shapes.py, pair_eval.py) run
+in their --smoke modes: tables printed, JSON written, nothing left behind."""
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / 'experiments'
+sys.path.insert(0, str(EXPERIMENTS))
+
+
+def _run(name, tmp_path, capsys):
+  module = __import__(name)
+  out = tmp_path / f'{name}.json'
+  result = module.main(['--smoke', f'--out={out}'])
+  printed = capsys.readouterr().out
+  assert '|---|' in printed and out.is_file()
+  return result, json.loads(out.read_text()), printed
+
+
+def test_pair_shapes_smoke(tmp_path, capsys):
+  result, saved, printed = _run('pair_shapes', tmp_path, capsys)
+  roles = [r['role'] for r in saved['rows']]
+  assert roles == ['target', 'draft'] and 'c vs smoke-target' in printed
+  target, draft = saved['rows']
+  assert target['ms_1'] > 0 and target['x_3'] > 0 and 0 < draft['c_smoke-target']
+  assert target['step_mb'] > draft['step_mb'] and 'load' in saved
+
+
+def test_pair_eval_smoke(tmp_path, capsys):
+  before = set(Path(tempfile.gettempdir()).glob('pair_eval_*'))
+  result, saved, printed = _run('pair_eval', tmp_path, capsys)
+  rows = {r['draft']: r for r in saved['rows']}
+  assert set(rows) == {'target', 'draft', 'head'} and rows['head']['kind'] == 'feature head'
+  for name in ('draft', 'head'):
+    assert rows[name]['same'] and 0 <= rows[name]['alpha_t1'] <= 1
+    assert rows[name]['tpc_t0'] >= 1
+  assert set(Path(tempfile.gettempdir()).glob('pair_eval_*')) == before  # cleaned up
