@@ -35,6 +35,7 @@ Utilisation and tokens per call do not depend on the machine's load; tokens/s ra
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -101,19 +102,14 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
+  from specjax.runner.metrics import keep_outputs  # pylint: disable=import-outside-toplevel
   n = padded.shape[0]
   queue = jnp.asarray(padded)
   xs = [queue[i:i + b] for i in range(0, n - b + 1, b)]
   kw = dict(max_new_tokens=m, temperature=temperature, rng=jax.random.PRNGKey(0))
   gammas = [int(g) for g in args.gammas.split(',')]
   out = {}
-
-  def keep(name, fn):
-    def run():
-      out[name] = fn()
-      return [o.tokens for o in out[name]]
-    return run
-
+  keep = functools.partial(keep_outputs, out)
   fns = {
       'AR lockstep': keep('AR lockstep', lambda: [
           decoding.autoregressive_decode(target, x, **kw) for x in xs]),

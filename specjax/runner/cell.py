@@ -77,16 +77,10 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
             for i, b in enumerate(batches)]
 
   outputs = {}
-
-  def keep(name, fn):
-    def wrapped():
-      outputs[name] = fn()
-      return [o.tokens for o in outputs[name]]
-    return wrapped
-
-  timings = metrics.time_interleaved({'baseline': keep('baseline', run_base),
-                                      'speculative': keep('speculative', run_spec)},
-                                     repeats=spec.repeats)
+  timings = metrics.time_interleaved(
+      {'baseline': metrics.keep_outputs(outputs, 'baseline', run_base),
+       'speculative': metrics.keep_outputs(outputs, 'speculative', run_spec)},
+      repeats=spec.repeats)
   spec_out, base_out = outputs['speculative'], outputs['baseline']
   stats = valid_stats(spec_out, prompts.rows_valid)
   alpha = stats.alpha
