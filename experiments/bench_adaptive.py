@@ -64,10 +64,8 @@ def parse_args(argv=None):
   p.add_argument('--stat_seeds', type=int, default=16,
                  help='block vs token tokens per call (fixed gamma >= 4, T > 0): each prompt '
                       'this many times in one untimed batch')
-  p.add_argument('--out', default=None)
-  p.add_argument('--smoke', action='store_true', help='random smoke pair, 4 prompts, 1 repeat')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv, out_default=None,
+                          smoke_help='random smoke pair, 4 prompts, 1 repeat')
   if a.smoke:
     a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 2
     a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,4', '4', 4, 'alpha', '2'

@@ -56,20 +56,13 @@ COLUMNS = [
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', default='tiny')
-  p.add_argument('--batches', default='1,8,32')
-  p.add_argument('--lengths', default='32,96')
-  p.add_argument('--gamma', type=int, default=5)
-  p.add_argument('--temperature', type=float, default=0.0)
-  p.add_argument('--repeats', type=int, default=5)
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true')
+  bc.add_defaults(p, pair='tiny', batches='1,8,32', lengths='32,96', gamma=5, temperature=0.0,
+                  repeats=5)
   p.add_argument('--refill', action='store_true', help='slot refill and gamma=auto tables')
   p.add_argument('--temperatures', default='0,1', help='--refill: temperatures')
   p.add_argument('--gammas', default='1,2,3,5', help='--refill: fixed gammas compared with auto')
   p.add_argument('--n', type=int, default=0, help='--refill: verses in the queue (max batch)')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '12', 1, 3
     a.temperatures, a.gammas, a.n = '0', '1,3', 4

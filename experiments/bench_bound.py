@@ -72,18 +72,10 @@ COST_COLUMNS = [
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', default='tiny')
-  p.add_argument('--gammas', default='3,5,7')
-  p.add_argument('--temperatures', default='0,1')
-  p.add_argument('--n', type=int, default=24)
-  p.add_argument('--max_new_tokens', type=int, default=48)
-  p.add_argument('--repeats', type=int, default=5)
+  bc.add_defaults(p, pair='tiny', gammas='3,5,7', temperatures='0,1', n=24, max_new_tokens=48,
+                  repeats=5, cost_repeats=15)
   p.add_argument('--loop_steps', type=int, default=64, help='K of the compiled cost loops')
-  p.add_argument('--cost_repeats', type=int, default=15)
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.pair, a.gammas, a.temperatures, a.n = 'smoke', '3', '0', 2
     a.max_new_tokens, a.repeats, a.loop_steps, a.cost_repeats = 12, 1, 4, 2

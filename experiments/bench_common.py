@@ -9,6 +9,8 @@ Not a benchmark itself. What lives here:
   * prompts: held-out test verses (specjax.data.load_pairs('test') when present, else the shipped
     test.jsonl.gz), tokenised like specjax.finetune does (no special tokens, then EOS), right-padded
     to one fixed source length so that every prompt reuses one compiled program;
+  * options: the ones every script takes (`parse_bench_args`: --out, --smoke, the load gate's),
+    and help-less ones declared by their defaults (`add_defaults`);
   * output: markdown tables and JSON;
   * the load gate (specjax/runner/machine.py): every script records the load average and cores at
     its start and end, and other processes' CPU during the run, prints them beside each table,
@@ -154,6 +156,23 @@ def add_load_args(p) -> None:
   p.add_argument('--wait_quiet', type=float, default=0.0,
                  help='seconds to wait at the start for the 1-min load average to fall under '
                       'the limit before refusing')
+
+
+def add_defaults(p, **defaults) -> None:
+  """`--NAME` for each keyword, typed by its default (str, int or float): the options whose name
+  says enough, declared in one line instead of an add_argument each."""
+  for name, default in defaults.items():
+    assert isinstance(default, (str, int, float)) and not isinstance(default, bool), name
+    p.add_argument(f'--{name}', type=type(default), default=default)
+
+
+def parse_bench_args(p, argv=None, *, out_default='', smoke_help=None):
+  """Adds the options every benchmark script takes (--out, --smoke, the load gate's) and parses
+  argv: one spelling of them for all scripts."""
+  p.add_argument('--out', default=out_default)
+  p.add_argument('--smoke', action='store_true', help=smoke_help)
+  add_load_args(p)
+  return p.parse_args(argv)
 
 
 def load_gate(args, log=print):

@@ -53,17 +53,11 @@ STARTUP_COLUMNS = [
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  p.add_argument('--pair', default='tiny')
-  p.add_argument('--gammas', default='1,3,5,7')
-  p.add_argument('--temperatures', default='0,1')
-  p.add_argument('--max_new_tokens', type=int, default=48)
+  bc.add_defaults(p, pair='tiny', gammas='1,3,5,7', temperatures='0,1', max_new_tokens=48,
+                  repeats=5)
   p.add_argument('--n', type=int, default=4, help='prompts per sweep cell')
-  p.add_argument('--repeats', type=int, default=5)
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true')
-  bc.add_load_args(p)
   p.add_argument('--child', default='', help=argparse.SUPPRESS)  # cache dir: run one start-up
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.pair, a.gammas, a.temperatures, a.max_new_tokens, a.n, a.repeats = 'smoke', '3', '0', 12, 2, 1
   return a

@@ -76,10 +76,7 @@ def parse_args(argv=None):
                       'setting on the tiny pair even when quiet, and at 2 threads its OpenMP '
                       'workers collapse under load (a level would take minutes)')
   p.add_argument('--max_busy_s', type=float, default=900.0, help='busy loops end by themselves')
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.pair, a.loads, a.settle_s, a.n, a.max_new_tokens, a.repeats = 'smoke', '0,1', 0.0, 2, 12, 1
     a.gamma, a.torch_threads = '3', '1'

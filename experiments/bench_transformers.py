@@ -70,10 +70,7 @@ def parse_args(argv=None):
   p.add_argument('--torch_threads', default='0,1',
                  help='comma list of torch thread counts to time (0 = all cores, as XLA); each '
                       'gets its own transformers rows. Ratios use the fastest transformers row.')
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true', help='random tiny pair, 2 prompts, 1 repeat')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv, smoke_help='random tiny pair, 2 prompts, 1 repeat')
   if a.smoke:
     a.pairs, a.n, a.max_new_tokens, a.repeats, a.gamma = 'smoke', 2, 12, 1, '3'
     a.torch_threads = '1'

@@ -48,13 +48,11 @@ def parse_args(argv=None):
   p.add_argument('--repeats', type=int, default=3)
   p.add_argument('--stat_seeds', type=int, default=4,
                  help='extra untimed seeds pooled into the tokens-per-call figures (T > 0)')
-  p.add_argument('--out', default=None)
   p.add_argument('--stats_only', action='store_true',
                  help='untimed: tokens per target call only (no AR, no timing), e.g. a budget '
                       'sweep with large trees and chains')
-  p.add_argument('--smoke', action='store_true', help='random smoke pair, 2 prompts, 1 repeat')
-  bc.add_load_args(p)
-  args = p.parse_args(argv)
+  args = bc.parse_bench_args(p, argv, out_default=None,
+                             smoke_help='random smoke pair, 2 prompts, 1 repeat')
   if args.smoke:
     args.pairs, args.n, args.repeats, args.stat_seeds, args.max_new_tokens = 'smoke', 2, 1, 0, 12
     args.trees, args.gammas = '((2,1),)', '3'

@@ -127,9 +127,6 @@ def parse_args(argv=None):
   p.add_argument('--adaptive_temps', default='0,1', help='adaptive stage: temperatures')
   p.add_argument('--refill_n', type=int, default=256, help='refill stage: prompts in the queue')
   p.add_argument('--refill_gammas', default='1,2,3,5', help='refill stage: fixed gammas')
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true', help='tiny sizes everywhere (CPU tests)')
-  bc.add_load_args(p)
   p.add_argument('--trees', default='((2,1,1,1), (4,1), (2,3), (3,2,1))',
                  help='tree stage: trees as branching tuples')
   p.add_argument('--tree_gammas', default='7,8', help='tree stage: chain gammas')
@@ -137,7 +134,7 @@ def parse_args(argv=None):
   p.add_argument('--dry_run', action='store_true',
                  help='only lower + compile every program for abstract inputs of --shape (checks '
                       'the XXL shapes on a CPU without allocating them; compile times)')
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv, smoke_help='tiny sizes everywhere (CPU tests)')
   if a.smoke:
     a.shape, a.ks, a.gamma, a.src_len, a.max_new_tokens = 'smoke', '1,4', 3, 16, 12
     a.steps, a.repeats, a.bw_gib, a.draft_layers = 4, 2, 0.01, 1

@@ -48,10 +48,7 @@ def parse_args(argv=None):
   p.add_argument('--steps', type=int, default=64, help='decoder steps per compiled loop')
   p.add_argument('--calls', type=int, default=5, help='profiled calls of the loop')
   p.add_argument('--top', type=int, default=12, help='thunk kinds listed')
-  p.add_argument('--out', default='')
-  p.add_argument('--smoke', action='store_true')
-  bc.add_load_args(p)
-  a = p.parse_args(argv)
+  a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.steps, a.calls, a.tokens = 4, 1, '1,3'
   return a
