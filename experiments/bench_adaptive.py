@@ -204,15 +204,11 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
 
 
 def run_pair(name, args, gate=None, log=print) -> dict:
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
 
-  tdir, ddir, desc = bc.resolve_pair(name, smoke=(name == 'smoke'))
+  target, draft, desc, padded, ids = bc.load_bench_pair(name, args.n, smoke=(name == 'smoke'))
   log(f'\n== {name}: {desc}')
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
-  cfg = target.config
-  padded, ids, _ = bc.load_prompts(args.n, cfg.vocab_size, tdir, eos_id=cfg.eos_token_id)
   cache_len = args.max_new_tokens + args.g_max + 1
   record = {'pair': name, 'description': desc, 'settings': []}
   for batch in ints(args.batches):

@@ -155,16 +155,11 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
 
 def main_refill(args, gate) -> dict:
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
-  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
-  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  info = bc.print_machine()
   batches = [int(b) for b in args.batches.split(',')]
   m = int(args.lengths.split(',')[0])
   n = args.n or max(batches)
-  padded, _, _ = bc.load_prompts(n, target.config.vocab_size, tdir,
-                                 eos_id=target.config.eos_token_id)
+  target, draft, desc, padded, _ = bc.load_bench_pair(args.pair, n, smoke=args.smoke)
   print(f'pair: {desc}; {n} verses as one queue, {m} new tokens, source padded to '
         f'{padded.shape[1]}, lockstep gamma {args.gamma}, fixed gammas {args.gammas}')
   t0 = time.perf_counter()
@@ -200,14 +195,10 @@ def main(argv=None) -> dict:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
-  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
+  info = bc.print_machine()
   batches = [int(b) for b in args.batches.split(',')]
   lengths = [int(m) for m in args.lengths.split(',')]
-  padded, ids, _ = bc.load_prompts(max(batches), target.config.vocab_size, tdir,
-                                   eos_id=target.config.eos_token_id)
+  target, draft, desc, padded, _ = bc.load_bench_pair(args.pair, max(batches), smoke=args.smoke)
   print(f'pair: {desc}; gamma {args.gamma}, temperature {args.temperature:g}, source padded to '
         f'{padded.shape[1]}')
   t0 = time.perf_counter()

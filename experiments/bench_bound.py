@@ -272,12 +272,8 @@ def main(argv=None) -> dict:
   os.environ.setdefault('JAX_PLATFORMS', 'cpu')
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
-  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
-  padded, ids, _ = bc.load_prompts(args.n, target.config.vocab_size, tdir,
-                                   eos_id=target.config.eos_token_id)
+  info = bc.print_machine()
+  target, draft, desc, padded, ids = bc.load_bench_pair(args.pair, args.n, smoke=args.smoke)
   prompts = [jnp.asarray(padded[i:i + 1]) for i in range(len(ids))]
   print(f'pair: {desc}; {len(ids)} prompts, batch 1, source padded to {padded.shape[1]}, '
         f'max_new_tokens {args.max_new_tokens}')

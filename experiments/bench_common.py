@@ -33,7 +33,7 @@ import sys
 import time
 import zlib
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 os.environ.setdefault('HF_HUB_OFFLINE', '1')
 os.environ.setdefault('TRANSFORMERS_OFFLINE', '1')
@@ -130,6 +130,13 @@ def _cpu_model() -> str:
   except OSError:
     pass
   return platform.processor()
+
+
+def print_machine(log=print) -> dict[str, Any]:
+  """machine_info(), printed as the 'machine: ...' line a single-pair script starts with."""
+  info = machine_info()
+  log(f'machine: {describe_machine(info)}')
+  return info
 
 
 def describe_machine(info: dict[str, Any]) -> str:
@@ -352,6 +359,26 @@ def resolve_pair(which: str, smoke: bool = False) -> tuple[Path, Path, str]:
                   f"first {p['draft_layers']} encoder and decoder blocks; target blocks "
                   f">= {p['draft_layers']} have residual outputs scaled by {p['damp']}")
   raise ValueError(f'unknown pair {which!r}')
+
+
+class BenchPair(NamedTuple):
+  """What a benchmark decodes: the pair (float32), its description, and the prompts."""
+  target: Any
+  draft: Any
+  description: str
+  padded_NxS: Any  # int32 [n, S], right-padded to one source length
+  ids: list  # the n unpadded id lists
+
+
+def load_bench_pair(which: str, n: int, *, smoke: bool = False) -> BenchPair:
+  """resolve_pair + load_pair_jax (float32) + n test verses tokenised for the target: the start
+  of every script that decodes the tiny / t5-small / smoke pair."""
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  tdir, ddir, desc = resolve_pair(which, smoke=smoke)
+  target, draft = load_pair_jax(tdir, ddir, jnp.float32)
+  padded, ids, _ = load_prompts(n, target.config.vocab_size, tdir,
+                                eos_id=target.config.eos_token_id)
+  return BenchPair(target, draft, desc, padded, ids)
 
 
 def load_pair_jax(target_dir, draft_dir, dtype=None):

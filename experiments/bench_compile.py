@@ -84,10 +84,7 @@ def child(args) -> None:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
   t_load = time.perf_counter()
-  tdir, ddir, _ = bc.resolve_pair(args.pair, smoke=args.smoke)
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
-  padded, _, _ = bc.load_prompts(1, target.config.vocab_size, tdir,
-                                 eos_id=target.config.eos_token_id)
+  target, draft, _, padded, _ = bc.load_bench_pair(args.pair, 1, smoke=args.smoke)
   x = jnp.asarray(padded[:1])
   gamma = int(args.gammas.split(',')[-1])
   spec, ar = _decode_fns(target, draft, x, gamma, args.max_new_tokens, 0.0)
@@ -129,12 +126,9 @@ def main(argv=None) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop as decoding  # pylint: disable=import-outside-toplevel
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
-  tdir, ddir, desc = bc.resolve_pair(args.pair, smoke=args.smoke)
-  target, draft = bc.load_pair_jax(tdir, ddir, jnp.float32)
-  padded, ids, _ = bc.load_prompts(max(args.n, 1), target.config.vocab_size, tdir,
-                                   eos_id=target.config.eos_token_id)
+  info = bc.print_machine()
+  target, draft, desc, padded, ids = bc.load_bench_pair(args.pair, max(args.n, 1),
+                                                        smoke=args.smoke)
   prompts = [jnp.asarray(padded[i:i + 1]) for i in range(len(ids))]
   m = args.max_new_tokens
   gammas = [int(g) for g in args.gammas.split(',')]

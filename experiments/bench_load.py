@@ -126,8 +126,7 @@ def main(argv=None) -> dict:
   bc.set_threads(None)
   import torch  # pylint: disable=import-outside-toplevel,unused-import
   import transformers  # pylint: disable=import-outside-toplevel,unused-import
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
+  info = bc.print_machine()
   pair_args = argparse.Namespace(gamma=args.gamma, n=args.n, max_new_tokens=args.max_new_tokens,
                                  repeats=args.repeats, torch_threads=args.torch_threads)
   levels = [float(x) for x in args.loads.split(',')]

@@ -99,8 +99,7 @@ def main(argv=None) -> dict:
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner.metrics import step_loop  # pylint: disable=import-outside-toplevel
-  info = bc.machine_info()
-  print(f'machine: {bc.describe_machine(info)}')
+  info = bc.print_machine()
   dirs = bc.tiny_pair_dirs()
   if dirs is None:
     raise SystemExit('profile_step: the shipped tiny pair (specjax/assets/tiny_pair) is missing')
