@@ -108,17 +108,6 @@ def _summ(stats_list):
               passes_per_call=passes / max(iters, 1), alpha=a_sum / max(a_cnt, 1))
 
 
-def bootstrap_ratio_se(a_num, a_den, b_num, b_den, draws: int = 2000, seed: int = 0) -> float:
-  """Standard error of (sum a_num / sum a_den) / (sum b_num / sum b_den), rows resampled."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(seed)
-  ia = rng.integers(0, len(a_num), (draws, len(a_num)))
-  ib = rng.integers(0, len(b_num), (draws, len(b_num)))
-  ra = a_num[ia].sum(1) / np.maximum(a_den[ia].sum(1), 1)
-  rb = b_num[ib].sum(1) / np.maximum(b_den[ib].sum(1), 1)
-  return float(np.std(ra / rb))
-
-
 def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new_tokens, repeats,
             c, block_cost, stat_seeds=0, log=print):
   """Times every variant interleaved on the same prompts; returns (rows, block-vs-token rows).
@@ -140,21 +129,12 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
   last = {}
 
   def spec_fn(name, gamma, verifier, stop, argmax):
-    def run():
-      outs = [loop.speculative_decode(target, drafts[argmax], x, gamma=gamma, stop=stop,
-                                      verifier=verifier, rng=i, **kw)
-              for i, x in enumerate(chunks)]
-      last[name] = outs
-      return outs
-    return run
-
-  def ar():
-    outs = [loop.autoregressive_decode(target, x, rng=i, **kw) for i, x in enumerate(chunks)]
-    last['AR'] = outs
-    return outs
+    return bc.keep_chunks(last, name, chunks, lambda x, i: loop.speculative_decode(
+        target, drafts[argmax], x, gamma=gamma, stop=stop, verifier=verifier, rng=i, **kw))
 
   fns = {name: spec_fn(name, g, v, s, a) for name, g, v, s, a in variants}
-  fns['AR'] = ar
+  fns['AR'] = bc.keep_chunks(last, 'AR', chunks, lambda x, i: loop.autoregressive_decode(
+      target, x, rng=i, **kw))
   timings = metrics.time_interleaved(fns, repeats=repeats)
   rows = []
   for name, g, v, s, a in variants + [('AR', 1, '', None, False)]:
@@ -196,7 +176,7 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
         pooled[which] = _summ([jax.device_get(out.stats)])
       t_, b_ = pooled[tok_name], pooled[name]
       ratio = b_['tokens_per_call'] / t_['tokens_per_call']
-      se = bootstrap_ratio_se(b_['emitted'], b_['calls'], t_['emitted'], t_['calls'])
+      se = bc.bootstrap_ratio_se(b_['emitted'], b_['calls'], t_['emitted'], t_['calls'])
       block_rows.append(dict(variant=name, gamma=g, token=t_['tokens_per_call'],
                              block=b_['tokens_per_call'], ratio=ratio, se=se,
                              rows=len(b_['emitted'])))

@@ -234,6 +234,28 @@ def run_pairs(args, run_pair) -> tuple[dict, Any]:
   return result, gate
 
 
+def bootstrap_ratio_se(a_num, a_den, b_num, b_den, draws: int = 2000, seed: int = 0) -> float:
+  """Standard error of (sum a_num / sum a_den) / (sum b_num / sum b_den), rows resampled: the
+  spread of a ratio of pooled per-row counts (tokens / target calls) of two variants."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(seed)
+  ia = rng.integers(0, len(a_num), (draws, len(a_num)))
+  ib = rng.integers(0, len(b_num), (draws, len(b_num)))
+  ra = a_num[ia].sum(1) / np.maximum(a_den[ia].sum(1), 1)
+  rb = b_num[ib].sum(1) / np.maximum(b_den[ib].sum(1), 1)
+  return float(np.std(ra / rb))
+
+
+def keep_chunks(last: dict, name: str, chunks: Sequence,
+                decode: Callable[[Any, int], Any]) -> Callable[[], list]:
+  """fn() for the timer: decode(x, i) of every prompt chunk x (i: its index, the rng seed), the
+  outputs kept in last[name] (statistics are read from the timed runs) and returned (blocked on)."""
+  def run():
+    last[name] = [decode(x, i) for i, x in enumerate(chunks)]
+    return last[name]
+  return run
+
+
 def block(x):
   import jax  # pylint: disable=import-outside-toplevel
   return jax.block_until_ready(x)

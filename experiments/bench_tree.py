@@ -75,17 +75,6 @@ def _pool(stats_list, kind):
   return emitted, calls, hist.tolist()
 
 
-def bootstrap_ratio_se(ea, ca, eb, cb, n=2000, seed=0):
-  """Standard error of (sum ea / sum ca) / (sum eb / sum cb), resampling prompts."""
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(seed)
-  ia = rng.integers(0, len(ea), (n, len(ea)))
-  ib = rng.integers(0, len(eb), (n, len(eb)))
-  ra = ea[ia].sum(1) / np.maximum(ca[ia].sum(1), 1)
-  rb = eb[ib].sum(1) / np.maximum(cb[ib].sum(1), 1)
-  return float(np.std(ra / rb))
-
-
 def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens, repeats,
             stat_seeds, timed=True):
   """Times every variant interleaved (batch 1); returns the table rows. timed=False: only the
@@ -100,22 +89,14 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
   last = {}
 
   def spec_fn(name, kind, arg, seed=0):
-    def run():
-      key = 'tree' if kind == 'tree' else 'gamma'
-      outs = [loop.speculative_decode(target, draft, x, rng=1000 * seed + i, **{key: arg}, **kw)
-              for i, x in enumerate(chunks)]
-      last[name] = outs
-      return outs
-    return run
-
-  def ar():
-    outs = [loop.autoregressive_decode(target, x, rng=i, **kw) for i, x in enumerate(chunks)]
-    last['AR'] = outs
-    return outs
+    key = 'tree' if kind == 'tree' else 'gamma'
+    return bc.keep_chunks(last, name, chunks, lambda x, i: loop.speculative_decode(
+        target, draft, x, rng=1000 * seed + i, **{key: arg}, **kw))
 
   fns = {name: spec_fn(name, kind, arg) for name, kind, arg, _, _ in variants}
   if timed:
-    fns['AR'] = ar
+    fns['AR'] = bc.keep_chunks(last, 'AR', chunks, lambda x, i: loop.autoregressive_decode(
+        target, x, rng=i, **kw))
     timings = metrics.time_interleaved(fns, repeats=repeats)
   else:
     for fn in fns.values():
@@ -144,7 +125,7 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
         er, cr, _ = pooled[ref]
         row['vs_chain'] = row['tokens_per_call'] / float(er.sum() / max(cr.sum(), 1))
         row['vs_chain_of'] = ref
-        row['se'] = bootstrap_ratio_se(e, c, er, cr)
+        row['se'] = bc.bootstrap_ratio_se(e, c, er, cr)
         if timed:
           row['vs_chain_tokens_per_s'] = row['tokens_per_s'] / (
               sum(int(np.sum(o.lengths)) for o in last[ref]) / timings[ref].median_s)
