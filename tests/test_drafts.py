@@ -276,8 +276,7 @@ def unigram_draft():
   return fit_unigram(corpus, V, smoothing=1.0)
 
 
-@pytest.fixture(scope='module')
-def bigram_draft():
+def _bigram_draft():
   rng = np.random.default_rng(2)
   corpus = [rng.integers(0, V, size=12) for _ in range(40)]
   return fit_bigram(corpus, V, smoothing=2.0, top_k=3)
@@ -306,19 +305,16 @@ def test_unigram_exact_under_sampling(target_logits, unigram_run):
   _check_alpha_is_acceptance(out)
 
 
-def test_bigram_exact_under_sampling(target, target_logits, bigram_draft):
-  counts, out = run_first3(target, bigram_draft, SAMPLING_BI, gamma=2, seed=12)
-  pvalue = chi2_pvalue(counts, exact_law(target_logits, SAMPLING_BI))
-  print(f'bigram chi2 p = {pvalue:.4g}; {out.stats.summary()}')
-  assert pvalue > 1e-3
-  assert 0 < out.stats.acceptance_rate < 1
-  _check_alpha_is_acceptance(out)
-
-
-def test_prompt_lookup_exact_under_sampling(target, target_logits):
-  counts, out = run_first3(target, PromptLookupDraft(vocab_size=V), SAMPLING_PL, gamma=3, seed=13)
-  pvalue = chi2_pvalue(counts, exact_law(target_logits, SAMPLING_PL))
-  print(f'prompt lookup chi2 p = {pvalue:.4g}; {out.stats.summary()}')
+@pytest.mark.parametrize('name,make_draft,sampling_kw,gamma,seed', [
+    ('bigram', _bigram_draft, SAMPLING_BI, 2, 12),
+    ('prompt lookup', lambda: PromptLookupDraft(vocab_size=V), SAMPLING_PL, 3, 13),
+])
+def test_draft_exact_under_sampling(target, target_logits, name, make_draft, sampling_kw, gamma,
+                                    seed):
+  """The unigram test's chi-square check, for the bigram and the prompt-lookup draft."""
+  counts, out = run_first3(target, make_draft(), sampling_kw, gamma=gamma, seed=seed)
+  pvalue = chi2_pvalue(counts, exact_law(target_logits, sampling_kw))
+  print(f'{name} chi2 p = {pvalue:.4g}; {out.stats.summary()}')
   assert pvalue > 1e-3
   assert 0 < out.stats.acceptance_rate < 1
   _check_alpha_is_acceptance(out)
