@@ -41,12 +41,7 @@ def _smoke(module_name, arg='smoke', **overrides):
   import importlib
   cfg = importlib.import_module(f'configs.finetune.{module_name}').get_config(arg)
   cfg.progress = False
-  for key, value in overrides.items():
-    node = cfg
-    *path, last = key.split('.')
-    for p in path:
-      node = node[p]
-    node[last] = value
+  cfg.update_from_flattened_dict(overrides)  # 'data.batch_size': 8 sets cfg.data.batch_size
   return cfg
 
 
@@ -203,12 +198,7 @@ def test_draft_smoke_distills_from_a_checkpoint(resumed_run, tmp_path):
 def test_bad_config_one_line_error(key, value, field):
   from specjax.training import finetune
   from specjax.errors import ConfigError
-  cfg = _smoke('bible_target')
-  node = cfg
-  *path, last = key.split('.')
-  for p in path:
-    node = node[p]
-  node[last] = value
+  cfg = _smoke('bible_target', **{key: value})
   with pytest.raises(ConfigError) as e:
     finetune.finetune_spec(cfg)
   msg = str(e.value)
