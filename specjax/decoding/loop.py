@@ -177,7 +177,20 @@ class DecodeOutput:
 
 
 @struct.dataclass
-class SpecState:
+class LoopState:
+  """What every speculative loop carries (chains here, trees in specjax.decoding.tree): per-row
+  sequences, lengths and done flags, the two models' states, the base key and the statistics."""
+  seq: jax.Array
+  lengths: jax.Array
+  done: jax.Array
+  target_cache: Any
+  draft_state: Any
+  rng: jax.Array
+  stats: Any
+
+
+@struct.dataclass
+class SpecState(LoopState):
   """Loop state of speculative decoding.
 
   seq:            [B, N] int32  decoder inputs [start, generated...], N = max_new + gamma + 2
@@ -190,13 +203,6 @@ class SpecState:
   trace_drafts / trace_accepted / trace_proposed: see DecodeOutput (shape [B, 0, G] / [B, 0] /
                   [B, 0] when not traced)
   """
-  seq: jax.Array
-  lengths: jax.Array
-  done: jax.Array
-  target_cache: Any
-  draft_state: Any
-  rng: jax.Array
-  stats: SpecStats
   trace_drafts: jax.Array
   trace_accepted: jax.Array
   trace_proposed: jax.Array

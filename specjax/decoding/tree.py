@@ -489,19 +489,12 @@ class TreeStats:
 
 
 @struct.dataclass
-class TreeState:
-  """Loop state of tree decoding (as loop.SpecState, without the trace).
+class TreeState(loop.LoopState):
+  """Loop state of tree decoding (loop.LoopState's fields, no trace; stats a TreeStats).
 
   seq [B, N], lengths [B], done [B], target_cache, draft_state, rng, stats (TreeStats); the caches
   hold max_new + M1 slots, seq 1 + max_new + D + 1 tokens.
   """
-  seq: jax.Array
-  lengths: jax.Array
-  done: jax.Array
-  target_cache: Any
-  draft_state: Any
-  rng: jax.Array
-  stats: TreeStats
 
   def keys(self):
     keys_B = loop.row_keys(self.rng, self.stats.iterations, self.seq.shape[0])
