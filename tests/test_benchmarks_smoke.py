@@ -72,11 +72,17 @@ def test_bench_bound(tmp_path, capsys):
   assert 'measured / predicted' in printed
 
 
-def test_bench_batch(tmp_path, capsys):
+def test_bench_batch(tmp_path, capsys, monkeypatch):
+  # Run on a (faked) loaded machine: --smoke implies --allow-loaded, so the run finishes and is
+  # marked loaded in its line and JSON (one run serves both checks: a smoke run costs ~40 s).
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(machine, 'snapshot', _fake_snapshots(load1=4.0, others=1.0))
   _, saved, printed = _run('bench_batch', tmp_path, capsys)
   assert [r['batch'] for r in saved['rows']] == [1, 2]
   assert all(r['identical_greedy'] for r in saved['rows'])
   assert 'speedup at 12 new tokens' in printed
+  assert saved['load']['loaded'] and saved['load']['allowed'] and not saved['load']['refused']
+  assert 'LOADED, kept by --allow-loaded' in printed
 
 
 def test_bench_compile(tmp_path, capsys):
@@ -216,15 +222,6 @@ def test_every_script_refuses_a_loaded_machine(script, monkeypatch, tmp_path):
   assert args.allow_loaded
   gate = __import__('bench_common').load_gate(args, log=lambda *_: None)
   assert gate.check_start()['loaded'] and gate.allow_loaded
-
-
-def test_smoke_runs_record_their_load(tmp_path, capsys, monkeypatch):
-  """--smoke implies --allow-loaded: a loaded smoke run finishes, marked in its line and JSON."""
-  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
-  monkeypatch.setattr(machine, 'snapshot', _fake_snapshots(load1=4.0, others=1.0))
-  _, saved, printed = _run('bench_batch', tmp_path, capsys)
-  assert saved['load']['loaded'] and saved['load']['allowed'] and not saved['load']['refused']
-  assert 'LOADED, kept by --allow-loaded' in printed
 
 
 def test_bench_load_smoke(tmp_path, capsys):
