@@ -19,8 +19,8 @@ request's sampled tokens do not depend on `slots`, its place in the queue or its
 gamma='auto' (an `Auto`): each iteration picks one gamma in {0, 1, .., G_MAX} for all rows,
 maximising E[tokens](alpha, gamma) / cost(gamma) with the running alpha of FINISHED iterations (the
 non-anticipation rule of specjax.decoding.stopping: the choice never sees a draft of this
-iteration) and a measured cost curve `Costs` (target step with K = 1 .. G_MAX + 1 tokens per row and
-one draft pass, at B rows: every trip computes all B rows, so the cost is that of B). gamma = 0 is
+iteration) and a measured cost curve `Costs` (a whole loop iteration at each gamma, at B rows:
+every trip computes all B rows, so the cost is that of B). gamma = 0 is
 a plain decoding step (one target token per row, no draft call: "verifying 0 drafts" draws from
 p[0]); each gamma is its own branch of a `lax.switch`, so a small gamma really runs a narrower
 block. After gamma = 0 steps a model draft's cache lags the committed prefix; the next gamma >= 1
@@ -73,10 +73,12 @@ class Auto:
 
 @struct.dataclass
 class Costs:
-  """Cost of one iteration at B slots (any unit; only ratios matter).
+  """Cost of one iteration at B slots (any unit; only ratios matter): cost(gamma) =
+  target_K[gamma] + gamma * draft.
 
-  target_K: [G1] float32   target step with K = 1 .. G + 1 tokens per row
-  draft:    []   float32   one draft pass (1 token per row); 0 for model-free drafts
+  target_K: [G1] float32   measure_costs: a whole iteration at gamma = 0 .. G (then draft = 0);
+                           or, given by hand (Auto.costs), the target's step with K = gamma + 1
+  draft:    []   float32   one draft pass, when target_K holds target steps only
   """
   target_K: jax.Array
   draft: jax.Array
@@ -185,8 +187,8 @@ def resync(draft, state, seq_BxN):
 def choose_gamma(auto: Auto, costs: Costs, alpha_sum, alpha_count):
   """argmax over g in 0 .. G of E[tokens per row](alpha, g) / cost(g), ties to the smaller g.
 
-  E[tokens] = (1 - alpha^(g+1)) / (1 - alpha) (Theorem 3.8; 1 for g = 0); cost(g) = target step
-  of g + 1 tokens + g draft passes. Uses only finished iterations' alpha."""
+  E[tokens] = (1 - alpha^(g+1)) / (1 - alpha) (Theorem 3.8; 1 for g = 0); cost(g) =
+  target_K[g] + g * draft (Costs). Uses only finished iterations' alpha."""
   alpha = ((alpha_sum + auto.prior_weight * auto.prior)
            / (alpha_count + auto.prior_weight))
   alpha = jnp.clip(alpha, 0.0, 1.0 - 1e-6)
@@ -297,6 +299,33 @@ def _refill(st: RefillState, queue, start_id, refill_fn) -> RefillState:
 # ----------------------------------------------------------------------------- the program
 
 
+def init_state(target, draft, input_ids_QxS, *, slots: int, g_max: int, max_new_tokens: int
+               ) -> tuple[RefillState, Any]:
+  """(the loop's first state, the queue's per-request states): both encoders run once for the
+  whole queue; the first `slots` requests are in the slots."""
+  q, _ = input_ids_QxS.shape
+  b = min(int(slots), q)
+  cache_len = max_new_tokens + g_max + 1
+  start_id = target.config.decoder_start_token_id
+  ids_BxS = input_ids_QxS[:b]
+  queue = (target.init_cache(input_ids_QxS, 1),
+           () if draft is None else draft.init(input_ids_QxS, 1))
+  seq = jnp.zeros((b, max_new_tokens + g_max + 2), jnp.int32).at[:, 0].set(start_id)
+  st = RefillState(
+      seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
+      req=jnp.arange(b, dtype=jnp.int32), next_req=jnp.int32(b),
+      target_cache=target.init_cache(ids_BxS, cache_len),
+      draft_state=() if draft is None else draft.init(ids_BxS, cache_len),
+      stats=SpecStats.zeros(b, g_max),
+      out_tokens=jnp.full((q, max_new_tokens), target.config.pad_token_id, jnp.int32),
+      out_lengths=jnp.zeros((q,), jnp.int32), out_stats=SpecStats.zeros(q, g_max),
+      alpha_sum=jnp.float32(0), alpha_count=jnp.float32(0), stale=jnp.bool_(False),
+      plain_run=jnp.int32(0),
+      gamma_hist=jnp.zeros((g_max + 1,), jnp.int32),
+      gamma_trace=jnp.full((GAMMA_TRACE,), -1, jnp.int32))
+  return st, queue
+
+
 @functools.partial(jax.jit, static_argnames=(
     'slots', 'gamma', 'auto', 'max_new_tokens', 'sampling', 'eos_id', 'stop', 'verifier',
     'verify_fn', 'refill_fn'))
@@ -309,29 +338,11 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
   refill_decode validates."""
   loop_lib.TRACE_COUNTS['refill'] += 1
   stop = stop or stopping.Fixed()
-  q, _ = input_ids_QxS.shape
-  b = min(int(slots), q)
   g_max = 0 if draft is None else (auto.g_max if auto is not None else int(gamma))
   gammas = [0] if draft is None else (list(range(g_max + 1)) if auto is not None else [g_max])
-  cache_len = max_new_tokens + g_max + 1
   start_id = target.config.decoder_start_token_id
-  ids_BxS = input_ids_QxS[:b]
-  queue = (target.init_cache(input_ids_QxS, 1),
-           () if draft is None else draft.init(input_ids_QxS, 1))
-  seq = jnp.zeros((b, max_new_tokens + g_max + 2), jnp.int32).at[:, 0].set(start_id)
-  zeros_Q = SpecStats.zeros(q, g_max)
-  st = RefillState(
-      seq=seq, lengths=jnp.zeros((b,), jnp.int32), done=jnp.zeros((b,), bool),
-      req=jnp.arange(b, dtype=jnp.int32), next_req=jnp.int32(b),
-      target_cache=target.init_cache(ids_BxS, cache_len),
-      draft_state=() if draft is None else draft.init(ids_BxS, cache_len),
-      stats=SpecStats.zeros(b, g_max),
-      out_tokens=jnp.full((q, max_new_tokens), target.config.pad_token_id, jnp.int32),
-      out_lengths=jnp.zeros((q,), jnp.int32), out_stats=zeros_Q,
-      alpha_sum=jnp.float32(0), alpha_count=jnp.float32(0), stale=jnp.bool_(False),
-      plain_run=jnp.int32(0),
-      gamma_hist=jnp.zeros((g_max + 1,), jnp.int32),
-      gamma_trace=jnp.full((GAMMA_TRACE,), -1, jnp.int32))
+  st, queue = init_state(target, draft, input_ids_QxS, slots=slots, g_max=g_max,
+                         max_new_tokens=max_new_tokens)
   step = functools.partial(spec_iteration, target, draft, g_max=g_max,
                            max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id,
                            stop=stop, verifier=verifier, verify_fn=verify_fn)
@@ -369,7 +380,7 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
       accepted_hist=st.out_stats.accepted_hist, proposed=st.out_stats.proposed,
       accepted=st.out_stats.accepted, emitted=st.out_stats.emitted,
       alpha_sum=st.out_stats.alpha_sum, alpha_count=st.out_stats.alpha_count,
-      slots=jnp.int32(b), gamma_hist=st.gamma_hist, gamma_trace=st.gamma_trace)
+      slots=jnp.int32(st.seq.shape[0]), gamma_hist=st.gamma_hist, gamma_trace=st.gamma_trace)
   return DecodeOutput(tokens=st.out_tokens, lengths=st.out_lengths, stats=stats)
 
 
@@ -379,34 +390,60 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
 _COSTS: dict = {}
 
 
+@functools.partial(jax.jit, static_argnames=('g', 'g_max', 'steps', 'max_new_tokens', 'sampling',
+                                             'eos_id'))
+def _iteration_loop(target, draft, st, queue, rng, *, g, g_max, steps, max_new_tokens, sampling,
+                    eos_id):
+  """`steps` trips of the refill loop's body at width g, rows pinned at their lengths and never
+  done: what one mid-sequence iteration costs, every per-trip overhead included."""
+  pinned_B = st.lengths
+  step = functools.partial(spec_iteration, target, draft, g_max=g_max,
+                           max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id,
+                           stop=stopping.Fixed(), verifier='token', verify_fn=None)
+  start_id, pad_id = target.config.decoder_start_token_id, target.config.pad_token_id
+
+  def body_fn(_, st):
+    keys = request_keys(rng, st.req, st.stats.target_calls)
+    active_B = ~st.done
+    new = _harvest(step(st, keys, g), active_B, max_new_tokens, pad_id)
+    new = _refill(new, queue, start_id, take_rows)
+    return new.replace(lengths=pinned_B, done=jnp.zeros_like(new.done))
+
+  return jax.lax.fori_loop(0, steps, body_fn, st).seq
+
+
 def measure_costs(target, draft, input_ids_BxS, *, g_max: int, max_new_tokens: int,
-                  repeats: int = 3, steps: int = 8) -> Costs:
-  """The cost curve of `Auto` at this batch: the target's step with K = 1 .. g_max + 1 tokens per
-  row and the draft's 1-token step, each timed inside one compiled loop (runner.metrics), median
-  of `repeats`. Cached per (models' configs, batch shape, g_max, max_new_tokens, platform)."""
+                  sampling: sampling_lib.Sampling | None = None, repeats: int = 3,
+                  steps: int = 8) -> Costs:
+  """The cost curve of `Auto` at this batch: one whole refill-loop iteration at each width
+  gamma = 0 .. g_max (draft passes, the target's block, verification, sampling, commit and the
+  per-trip refill bookkeeping), rows pinned mid-sequence, each timed inside one compiled loop,
+  median of `repeats`, variants interleaved. Returned as Costs(target_K=[iteration cost at
+  gamma = 0 .. g_max], draft=0): the whole iteration, so choose_gamma's tokens / cost compares
+  what the loop really pays (the sum of forward-pass costs misses 10-35% of an iteration on a
+  CPU). Cached per (models, batch shape, g_max, max_new_tokens, sampling, platform)."""
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+  sampling = sampling or sampling_lib.Sampling()
   ids_BxS = jnp.asarray(input_ids_BxS, jnp.int32)
   b = ids_BxS.shape[0]
   model_draft = draft.model if isinstance(draft, ModelDraft) else None
   key = (target.config, getattr(model_draft, 'config', type(draft).__name__), str(target.dtype),
-         ids_BxS.shape, g_max, max_new_tokens, jax.default_backend())
+         ids_BxS.shape, g_max, max_new_tokens, sampling, jax.default_backend())
   if key in _COSTS:
     return _COSTS[key]
-  cache_len = max_new_tokens + g_max + 1
-  length_B = jnp.full((b,), max(min(max_new_tokens // 2, cache_len - g_max - 1), 0), jnp.int32)
+  st, queue = jax.jit(functools.partial(init_state, slots=b, g_max=g_max,
+                                        max_new_tokens=max_new_tokens))(target, draft, ids_BxS)
+  st = st.replace(lengths=jnp.full((b,), max(max_new_tokens // 2 - g_max - 1, 0), jnp.int32))
+  rng = jax.random.PRNGKey(0)
+  eos = target.config.eos_token_id
 
-  def stepper(model, k):
-    cache = jax.jit(model.init_cache, static_argnums=1)(ids_BxS, cache_len)
-    tok_BxK = jnp.zeros((b, k), jnp.int32)
-    return lambda: metrics.step_loop(model, cache, tok_BxK, length_B, steps=steps)
+  def runner(g):
+    return lambda: _iteration_loop(target, draft, st, queue, rng, g=g, g_max=g_max, steps=steps,
+                                   max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
 
-  fns = {f'target{k}': stepper(target, k) for k in range(1, g_max + 2)}
-  if model_draft is not None:
-    fns['draft'] = stepper(model_draft, 1)
-  t = metrics.time_interleaved(fns, repeats=repeats)
-  costs = Costs(target_K=jnp.asarray([t[f'target{k}'].median_s for k in range(1, g_max + 2)],
-                                     jnp.float32),
-                draft=jnp.float32(t['draft'].median_s if model_draft is not None else 0.0))
+  t = metrics.time_interleaved({f'g{g}': runner(g) for g in range(g_max + 1)}, repeats=repeats)
+  costs = Costs(target_K=jnp.asarray([t[f'g{g}'].median_s for g in range(g_max + 1)],
+                                     jnp.float32), draft=jnp.float32(0.0))
   _COSTS[key] = costs
   return costs
 
@@ -475,7 +512,7 @@ def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, tem
     auto = dataclasses.replace(auto, costs=None)  # the curve is data, not a static argument
   if auto is not None and costs is None:
     costs = measure_costs(target, draft, ids[:b], g_max=auto.g_max,
-                          max_new_tokens=int(max_new_tokens))
+                          max_new_tokens=int(max_new_tokens), sampling=sampling)
   if costs is None:
     costs = Costs(target_K=jnp.ones((1,), jnp.float32), draft=jnp.float32(0))
   out = refill_program(target, draft, ids, loop_lib._rng(rng), costs, slots=b,  # pylint: disable=protected-access
