@@ -241,7 +241,8 @@ def make_sampling(temperature: float = 0.0, top_k: int = 0,
                                top_p=float(top_p))
 
 
-def _check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, vocab_draft):
+def check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, vocab_draft):
+  """Bad decoder input -> ValueError, before anything is traced (shared by every loop)."""
   if isinstance(input_ids, jax.Array) and not input_ids.is_fully_addressable:
     # Spread over several hosts: read only the shape and a reduced min/max.
     shape, dtype = input_ids.shape, input_ids.dtype
@@ -266,7 +267,8 @@ def _check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, voca
     raise ValueError(f'input_ids out of range [0, {vocab_target})')
 
 
-def _rng(rng):
+def as_key(rng):
+  """A PRNG key from None (DEFAULT_SEED), an int seed or a key."""
   if rng is None:
     return jax.random.PRNGKey(DEFAULT_SEED)
   if isinstance(rng, int):
@@ -279,7 +281,8 @@ def row_keys(rng, step, batch):
   return jax.random.split(jax.random.fold_in(rng, step), batch)
 
 
-def _finish(seq_BxN, lengths_B, max_new_tokens, pad_id):
+def finish_tokens(seq_BxN, lengths_B, max_new_tokens, pad_id):
+  """[B, M] generated tokens of the sequence buffer, pad past each row's length."""
   gen_BxM = seq_BxN[:, 1:1 + max_new_tokens]
   keep = jnp.arange(max_new_tokens)[None, :] < lengths_B[:, None]
   return jnp.where(keep, gen_BxM, pad_id)
@@ -395,14 +398,15 @@ def speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tok
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return DecodeOutput(
-      tokens=_finish(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
+      tokens=finish_tokens(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
       lengths=state.lengths, stats=state.stats,
       trace_drafts=state.trace_drafts if trace else None,
       trace_accepted=state.trace_accepted if trace else None,
       trace_proposed=state.trace_proposed if trace else None)
 
 
-def _raise_on_nan(nan, what):
+def raise_on_nan(nan, what):
+  """The loops' NaN flag (set on device) as a FloatingPointError after the call."""
   if bool(nan):
     raise FloatingPointError(f'{what}: NaN in model logits (check the checkpoint and dtype); '
                              'no tokens returned')
@@ -419,10 +423,10 @@ def _speculative_args(target, draft, input_ids, *, gamma, max_new_tokens, temper
                      'specjax.decoding.protocol.Draft (see docs/extending.md)')
   if verify_fn is None and verifier not in acceptance.VERIFIERS:
     raise ValueError(f'verifier {verifier!r} unknown; choose from {sorted(acceptance.VERIFIERS)}')
-  _check_inputs(input_ids, max_new_tokens, gamma, sampling, target.config.vocab_size,
-                int(vocab_draft))
+  check_inputs(input_ids, max_new_tokens, gamma, sampling, target.config.vocab_size,
+               int(vocab_draft))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
-  args = (target, draft, jnp.asarray(input_ids, jnp.int32), _rng(rng))
+  args = (target, draft, jnp.asarray(input_ids, jnp.int32), as_key(rng))
   return args, dict(gamma=int(gamma), max_new_tokens=int(max_new_tokens), sampling=sampling,
                     eos_id=eos, trace=bool(trace), stop=stop or stopping.Fixed(),
                     verifier=verifier, verify_fn=verify_fn)
@@ -480,7 +484,7 @@ def speculative_decode(target: T5Model, draft, input_ids, *, gamma: int | None =
       temperature=temperature, top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id, trace=trace,
       stop=stop, verifier=verifier, verify_fn=verify_fn)
   out = speculative_program(*args, **static)
-  _raise_on_nan(out.stats.nan, 'speculative_decode')
+  raise_on_nan(out.stats.nan, 'speculative_decode')
   if bool(out.stats.bad_draft):
     raise ValueError(f'speculative_decode: the draft {type(args[1]).__name__} proposed a token id '
                      f'outside [0, {target.config.vocab_size}) (vocab_size); no tokens returned')
@@ -554,8 +558,8 @@ def autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, samplin
                                eos_id=eos_id)
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
-  return DecodeOutput(tokens=_finish(state.seq, state.lengths, max_new_tokens,
-                                     model.config.pad_token_id),
+  return DecodeOutput(tokens=finish_tokens(state.seq, state.lengths, max_new_tokens,
+                                           model.config.pad_token_id),
                       lengths=state.lengths, stats={'steps': state.step, 'nan': state.nan})
 
 
@@ -572,9 +576,9 @@ def autoregressive_decode(model: T5Model, input_ids, *, max_new_tokens: int,
                                 top_k=top_k, top_p=top_p, rng=rng, eos_id=eos_id,
                                 what='autoregressive_decode')
   sampling = make_sampling(temperature, top_k, top_p)
-  _check_inputs(input_ids, max_new_tokens, None, sampling, model.config.vocab_size, None)
+  check_inputs(input_ids, max_new_tokens, None, sampling, model.config.vocab_size, None)
   eos = model.config.eos_token_id if eos_id is None else int(eos_id)
-  out = autoregressive_program(model, jnp.asarray(input_ids, jnp.int32), _rng(rng),
+  out = autoregressive_program(model, jnp.asarray(input_ids, jnp.int32), as_key(rng),
                                max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos)
-  _raise_on_nan(out.stats['nan'], 'autoregressive_decode')
+  raise_on_nan(out.stats['nan'], 'autoregressive_decode')
   return out.to_host()

@@ -266,7 +266,7 @@ def _harvest(st: RefillState, active_B, max_new_tokens, pad_id) -> RefillState:
              'alpha_sum', 'alpha_count')
   out_stats = st.out_stats.replace(**{f: put(getattr(st.out_stats, f), getattr(st.stats, f))
                                       for f in per_row})
-  tokens_BxM = loop_lib._finish(st.seq, st.lengths, max_new_tokens, pad_id)  # pylint: disable=protected-access
+  tokens_BxM = loop_lib.finish_tokens(st.seq, st.lengths, max_new_tokens, pad_id)
   return st.replace(out_tokens=put(st.out_tokens, tokens_BxM),
                     out_lengths=put(st.out_lengths, st.lengths), out_stats=out_stats)
 
@@ -499,8 +499,8 @@ def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, tem
     if verify_fn is None and verifier not in acceptance.VERIFIERS:
       raise ValueError(f'verifier {verifier!r} unknown; choose from '
                        f'{sorted(acceptance.VERIFIERS)}')
-  loop_lib._check_inputs(input_ids, max_new_tokens, None, sampling, target.config.vocab_size,  # pylint: disable=protected-access
-                         None if draft is None else int(vocab_draft))
+  loop_lib.check_inputs(input_ids, max_new_tokens, None, sampling, target.config.vocab_size,
+                        None if draft is None else int(vocab_draft))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
   if auto is not None and auto.costs is not None:
     target_k, draft_cost = auto.costs
@@ -515,12 +515,12 @@ def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, tem
                           max_new_tokens=int(max_new_tokens), sampling=sampling)
   if costs is None:
     costs = Costs(target_K=jnp.ones((1,), jnp.float32), draft=jnp.float32(0))
-  out = refill_program(target, draft, ids, loop_lib._rng(rng), costs, slots=b,  # pylint: disable=protected-access
+  out = refill_program(target, draft, ids, loop_lib.as_key(rng), costs, slots=b,
                        gamma=fixed, auto=auto, max_new_tokens=int(max_new_tokens),
                        sampling=sampling, eos_id=eos, stop=None if draft is None else
                        (stop or stopping.Fixed()), verifier=verifier, verify_fn=verify_fn,
                        refill_fn=refill_fn)
-  loop_lib._raise_on_nan(out.stats.nan, what)  # pylint: disable=protected-access
+  loop_lib.raise_on_nan(out.stats.nan, what)
   if bool(out.stats.bad_draft):
     raise ValueError(f'{what}: the draft {type(draft).__name__} proposed a token id outside '
                      f'[0, {target.config.vocab_size}) (vocab_size); no tokens returned')

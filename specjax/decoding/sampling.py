@@ -100,7 +100,7 @@ def probs(logits_xV: jax.Array, sampling: Sampling) -> jax.Array:
   return probs_xV
 
 
-def _log_probs(probs_xV: jax.Array) -> jax.Array:
+def log_probs(probs_xV: jax.Array) -> jax.Array:
   """log p in float32, with log(0) = -inf explicitly, so that a zero-probability token can
   never win a Gumbel-max race."""
   probs_xV = probs_xV.astype(jnp.float32)
@@ -110,14 +110,14 @@ def _log_probs(probs_xV: jax.Array) -> jax.Array:
 
 def sample(key: jax.Array, probs_xV: jax.Array) -> jax.Array:
   """One int32 token per row, drawn from probabilities; zero-prob tokens never."""
-  return jax.random.categorical(key, _log_probs(probs_xV), axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, log_probs(probs_xV), axis=-1).astype(jnp.int32)
 
 
 def sample_gumbel(gumbel_xV: jax.Array, probs_xV: jax.Array) -> jax.Array:
   """`sample` with its Gumbel noise drawn by the caller: argmax(log p + g) is an exact draw from
   p (the Gumbel-max trick, as in jax.random.categorical). Lets a loop draw all its noise in one
   RNG call (one threefry loop on XLA:CPU instead of one per step)."""
-  return jnp.argmax(_log_probs(probs_xV) + gumbel_xV, axis=-1).astype(jnp.int32)
+  return jnp.argmax(log_probs(probs_xV) + gumbel_xV, axis=-1).astype(jnp.int32)
 
 
 def has_nan(logits_xV: jax.Array) -> jax.Array:

@@ -91,8 +91,8 @@ __all__ = ['TreeShape', 'parse_tree', 'parse_trees', 'TreeModelDraft', 'TreeProp
 CANDIDATES = ('wor', 'iid')
 
 # The chain loop's helpers, shared so both loops validate, commit and finish alike.
-_check_inputs, _finish, _raise_on_nan, _rng = (  # pylint: disable=protected-access
-    loop._check_inputs, loop._finish, loop._raise_on_nan, loop._rng)
+check_inputs, finish_tokens, raise_on_nan, as_key = (
+    loop.check_inputs, loop.finish_tokens, loop.raise_on_nan, loop.as_key)
 
 
 # ----------------------------------------------------------------------------- tree shape
@@ -220,7 +220,7 @@ def draw_tokens(q_BxKxV, keys_B, b: int, scheme: str):
   """b candidate tokens [B, K, b] per node: 'iid' b independent draws from q (Gumbel-max), 'wor'
   the sequential draw without replacement (Gumbel-top-b of log q, in order)."""
   _, k, v = q_BxKxV.shape
-  logq_BxKxV = sampling_lib._log_probs(q_BxKxV)  # pylint: disable=protected-access
+  logq_BxKxV = sampling_lib.log_probs(q_BxKxV)
   if scheme == 'iid':
     g_BxKxbxV = jax.vmap(lambda key: jax.random.gumbel(key, (k, b, v), jnp.float32))(keys_B)
     return jnp.argmax(logq_BxKxV[:, :, None, :] + g_BxKxbxV, axis=-1).astype(jnp.int32)
@@ -565,7 +565,7 @@ def tree_program(target, draft, input_ids_BxS, rng, *, shape, max_new_tokens, sa
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return loop.DecodeOutput(
-      tokens=_finish(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
+      tokens=finish_tokens(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
       lengths=state.lengths, stats=state.stats)
 
 
@@ -584,13 +584,13 @@ def tree_decode(target, draft, input_ids, *, tree, max_new_tokens: int, temperat
   if not hasattr(target, 'decode_tree'):
     raise ValueError(f'tree=: the target {type(target).__name__} has no decode_tree '
                      '(a specjax T5Model is needed)')
-  _check_inputs(input_ids, max_new_tokens, shape.depth, sampling, target.config.vocab_size,
-                int(draft.vocab_size))
+  check_inputs(input_ids, max_new_tokens, shape.depth, sampling, target.config.vocab_size,
+               int(draft.vocab_size))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
-  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), _rng(rng), shape=shape,
+  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), as_key(rng), shape=shape,
                      max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
                      verify_fn=verify_fn)
-  _raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')
+  raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')
   if bool(out.stats.bad_draft):
     raise ValueError(f'speculative_decode: the tree draft {type(draft).__name__} proposed a '
                      f'token id outside [0, {target.config.vocab_size}) (vocab_size)')
