@@ -7,8 +7,8 @@ that one CPU decode step must stream its weights from DRAM (prepared; not yet tr
 Why: the shipped target (7.0M params, 28 MB in float32) fits this CPU's 32 MiB L3, so verifying
 gamma + 1 tokens costs 2-3 one-token steps and the default run shows no speedup
 (docs/performance.md section 2). This shape, d_model 512, 2 encoder + 3 decoder layers, d_ff
-1536 (gated-GELU), 8 heads: 23.8M params, of which the decoder and head are 16.0M (64 MB in
-float32, past the L3), was chosen with `experiments/pair_shapes.py` (docs/tiny_pair.md). Trained
+1536 (gated-GELU), 8 heads: 24.3M params, of which the decoder and head are 15.4M (61.7 MB in
+float32, past the L3; one of the candidates `experiments/pair_shapes.py` times). Trained
 for 4000 steps of 32 verses (4.5 epochs of the 28,365 verses that fit 64 tokens) with dropout
 0.1; it exports over the shipped target, after which the draft is distilled from it again
 (configs/finetune/bible_draft.py). On 2 quiet CPU cores a step takes ~2 s (0.51 steps/s
