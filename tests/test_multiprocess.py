@@ -18,7 +18,8 @@ _WORKER = __name__ == '__main__'
 if _WORKER:  # before jax is imported
   os.environ['XLA_FLAGS'] = ('--xla_force_host_platform_device_count=4 '
                              '--xla_backend_optimization_level=0 '
-                             '--xla_llvm_disable_expensive_passes=true')
+                             '--xla_llvm_disable_expensive_passes=true '
+                             '--xla_cpu_use_fusion_emitters=false')
   os.environ['JAX_PLATFORMS'] = 'cpu'
   sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -147,9 +148,8 @@ def bad_runs(tmp_path_factory):
       args.remove(NO_DATASETS)
       head = [sys.executable, '-c', NO_DATASETS]
     cmd = head + args + [f'--config.output_dir={out_dir}', '--config.compilation_cache=']
-    if len(procs) >= 4:
-      for p in procs.values():
-        p[0].wait()
+    while sum(p.poll() is None for p, _ in procs.values()) >= 4:  # at most four at a time
+      time.sleep(0.05)
     procs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True), out_dir)
   out = {}

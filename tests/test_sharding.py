@@ -13,7 +13,7 @@ from pathlib import Path
 
 _SUBPROCESS = __name__ == '__main__'
 _FLAGS = ('--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 '
-          '--xla_llvm_disable_expensive_passes=true')
+          '--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false')
 if _SUBPROCESS:  # before jax is imported
   os.environ['XLA_FLAGS'] = _FLAGS
   os.environ['JAX_PLATFORMS'] = 'cpu'
