@@ -211,3 +211,24 @@ def test_paper_configs_validate_offline(name, arg):
   spec = config_lib.run_spec(importlib.import_module(f'configs.{name}').get_config(arg))
   assert spec.tasks == ('ende', 'cnndm')
   assert spec.target == ('google/t5-v1_1-xxl' if arg == 'v11' else 't5-11b')
+
+
+def test_import_and_flag_errors_do_not_import_jax():
+  """`import specjax` is lazy and the command line validates flags before importing JAX, so a
+  typo fails in a fraction of a second (JAX's import alone takes ~3 s)."""
+  code = ('import sys, specjax\n'
+          "assert 'jax' not in sys.modules\n"
+          "sys.argv = ['specjax.run', '--config.gammas=0']\n"
+          'import specjax.run\n'
+          'try:\n'
+          '  specjax.run.cli()\n'
+          'except SystemExit as e:\n'
+          "  assert e.code == 2 and 'jax' not in sys.modules, e.code\n"
+          'else:\n'
+          "  raise AssertionError('no exit')\n"
+          'print(specjax.speculative_decode.__name__, specjax.stopping.Confidence.__name__)\n')
+  proc = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True,
+                        env=dict(os.environ, JAX_PLATFORMS='cpu'), timeout=120)
+  assert proc.returncode == 0, proc.stderr
+  assert proc.stdout.split() == ['speculative_decode', 'Confidence']
+  assert 'config.gammas' in proc.stderr
