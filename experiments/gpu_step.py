@@ -41,6 +41,11 @@ that would not fit the remaining --budget_s is skipped and says so):
   tree        (opt-in: --stages=steps,tree) token trees (--trees) vs chains with the same number
               of verified tokens (--tree_gammas), batch 1, T --tree_temps: tokens per target call,
               tokens/s, accepted path lengths (bench_tree.compare)
+  pair        (opt-in: --stages=pair) the shipped EN->ES pair end to end on this device: the
+              default run (`python -m specjax.run`, configs/tiny.py; --pair_config) through the
+              runner, into a temporary directory: per T and gamma alpha, tokens per target call,
+              c, measured speedup and Theorem 3.8's prediction (does the default pair speed up
+              here too?). Needs no --shape model; with --smoke, configs/tiny.py:smoke.
 """
 
 from __future__ import annotations
@@ -87,6 +92,13 @@ E2E_COLUMNS = [
     ('c', 'c', '.3f'), ('speedup', 'speedup', '.2f'), ('predicted', 'predicted', '.2f'),
     ('measured_over_predicted', 'measured / predicted', '.2f'), ('identical', 'same tokens', ''),
 ]
+PAIR_COLUMNS = [
+    ('draft', 'draft', ''), ('temperature', 'T', 'g'), ('gamma', 'gamma', 'd'),
+    ('alpha', 'alpha', '.3f'), ('tokens_per_target_call', 'tokens / call', '.2f'), ('c', 'c', '.3f'),
+    ('speedup', 'measured', '.2f'), ('pred_improvement', 'Thm 3.8', '.2f'),
+    ('measured_over_predicted', 'measured / predicted', '.2f'),
+    ('identical_to_baseline', 'same tokens', ''), ('speculative_compile_s', 'spec compile s', '.1f'),
+]
 IDENTITY_COLUMNS = [
     ('dtype', 'params', ''), ('identical', 'same tokens', ''),
     ('first_divergence', 'first diff at', ''), ('ar_equals_step_argmax', 'AR = step argmax', 'd'),
@@ -131,6 +143,9 @@ def parse_args(argv=None):
                  help='tree stage: trees as branching tuples')
   p.add_argument('--tree_gammas', default='7,8', help='tree stage: chain gammas')
   p.add_argument('--tree_temps', default='0,1', help='tree stage: temperatures')
+  p.add_argument('--pair_config', default='',
+                 help='pair stage: runner config (default configs/tiny.py, or its :smoke with '
+                      '--smoke)')
   p.add_argument('--dry_run', action='store_true',
                  help='only lower + compile every program for abstract inputs of --shape (checks '
                       'the XXL shapes on a CPU without allocating them; compile times)')
@@ -460,6 +475,42 @@ def stage_refill(args, res, target, draft, ids):
           + f"; auto/best {auto['vs_best']:.2f} ({auto['best_fixed']})", flush=True)
 
 
+def stage_pair(args, res):
+  """The default run (configs/tiny.py: the shipped pair, held-out verses) through the runner."""
+  import io  # pylint: disable=import-outside-toplevel
+  import tempfile  # pylint: disable=import-outside-toplevel
+  from specjax import configuring  # pylint: disable=import-outside-toplevel
+  from specjax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from specjax.runner import experiment  # pylint: disable=import-outside-toplevel
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  if root not in sys.path:  # configs/ import each other as the `configs` package
+    sys.path.insert(0, root)
+  name = args.pair_config or os.path.join(root, 'configs', 'tiny.py' + (':smoke' if args.smoke
+                                                                          else ''))
+  cfg = configuring.load_config_file(name, 'pair_config')
+  with tempfile.TemporaryDirectory(prefix='gpu_step_pair_') as tmp:
+    cfg.output_dir, cfg.plots, cfg.show_examples = tmp, False, 0
+    spec = config_lib.run_spec(cfg)
+    log = io.StringIO()
+    rows = experiment.run(spec, out=log)
+  res['pair'] = {'config': name, 'target': spec.target, 'rows': [
+      dict({k: r.get(k) for k, _, _ in PAIR_COLUMNS},
+           measured_over_predicted=r['speedup'] / r['pred_improvement'],
+           baseline_s=r['baseline_s'], speculative_s=r['speculative_s'],
+           pred_improvement_measured=r.get('pred_improvement_measured'),
+           # greedy output must equal the baseline's; sampled output is equal only in law
+           identical_to_baseline=(r['identical_to_baseline'] if r['temperature'] == 0
+                                  else None))
+      for r in rows]}
+  bc.write_json(args.out, res)
+  best = {}
+  for r in res['pair']['rows']:
+    t = r['temperature']
+    best[t] = max(best.get(t, 0.0), r['speedup'])
+  print('pair: best measured speedup ' + ', '.join(f'T={t:g} {v:.2f}x' for t, v in best.items()),
+        flush=True)
+
+
 def stage_end2end_t1(args, res, target, draft, ids):
   stage_end2end(args, res, target, draft, ids, temperature=1.0)
 
@@ -704,6 +755,9 @@ def main(argv=None) -> dict:
     bc.write_json(args.out, res)
 
   run('bandwidth', stage_bandwidth)
+  run('pair', stage_pair)
+  if not set(stages) - {'bandwidth', 'pair'}:  # no stage needs the random --shape model
+    return _finish(args, res, gate)
   t0 = time.perf_counter()
   target, draft = make_pair(args.shape, dtype, args.draft_layers, args.damp)
   jax.block_until_ready(target.params)
@@ -729,9 +783,14 @@ def main(argv=None) -> dict:
   run('tree', stage_tree, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
   run('refill', stage_refill, target, draft, ids, min_left_s=120 if args.shape == 'xxl' else 0)
 
-  print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
-        f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
+  return _finish(args, res, gate)
+
+
+def _finish(args, res, gate) -> dict:
+  """Prints every table the run filled and writes the JSON with the load at the end."""
   if res.get('steps'):
+    print(f'\n{args.shape}: decoder step, batch 1, cache {res.get("cache_len")} positions '
+          f'(rows at {res.get("step_length")}), source {args.src_len}, {args.dtype}')
     print(bc.markdown_table(res['steps'], STEP_COLUMNS))
   if res.get('floor'):
     print(f"\nBandwidth floor (copy {res['bandwidth']['copy_gbps']:.1f} GB/s, "
@@ -745,6 +804,10 @@ def main(argv=None) -> dict:
     print(f"\nEnd to end (random prompts of {args.src_len} tokens, {e['max_new_tokens']} "
           f"new tokens per row; predicted = Theorem 3.8 with this alpha and c, a batch-1 formula)")
     print(bc.markdown_table(res['end2end_rows'], E2E_COLUMNS))
+  if res.get('pair'):
+    print(f"\nThe shipped pair end to end ({res['pair']['config']}; measured = the runner's "
+          f"baseline / speculative wall time, predicted = Theorem 3.8 with its alpha and c)")
+    print(bc.markdown_table(res['pair']['rows'], PAIR_COLUMNS))
   if res.get('identity'):
     print('\nGreedy identity (speculative vs autoregressive tokens) and the target\'s logits along '
           'the autoregressive path: 1-token steps vs one teacher-forced block')

@@ -108,6 +108,19 @@ def test_gpu_step_cpu_smoke(tmp_path, capsys):
   assert all(r['identical'] for r in e2e if r['temperature'] == 0)
 
 
+def test_gpu_step_pair_stage(tmp_path, capsys):
+  """The shipped pair end to end through the runner (configs/tiny.py:smoke), no random model."""
+  _, saved, printed = _run('gpu_step', tmp_path, capsys, '--stages=pair')
+  assert not saved['errors'], saved['errors']
+  rows = saved['pair']['rows']
+  assert saved['pair']['config'].endswith('tiny.py:smoke') and 'target_params' not in saved
+  assert sorted((r['temperature'], r['gamma']) for r in rows) == [(0.0, 3), (1.0, 3)]
+  for r in rows:
+    assert r['speedup'] > 0 and 0 < r['alpha'] <= 1 and r['c'] > 0, r
+  assert [r['identical_to_baseline'] for r in rows if r['temperature'] == 0] == [True]
+  assert 'The shipped pair end to end' in printed and 'pair: best measured speedup' in printed
+
+
 def test_profile_step(tmp_path, capsys):
   _, saved, printed = _run('profile_step', tmp_path, capsys)
   assert [p['tokens'] for p in saved['profiles']] == [1, 3]
