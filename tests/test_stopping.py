@@ -36,7 +36,6 @@ from specjax.decoding.stopping import StopRule
 from specjax.testing import add_noise, spread_params, tiny_config, tiny_t5
 
 G_MAX = 3
-XLA_OPTIMIZE = True  # 100,000-row calls: running them, not compiling, dominates (conftest)
 SEED = 2023
 # Thresholds in the middle of the tiny models' ranges (entropy ~1.3-2.4 nats of at most log 12 =
 # 2.48; token probabilities ~0.1-0.5), so every rule stops some rows early and not others.
