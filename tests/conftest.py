@@ -14,9 +14,9 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # with the default flags and ~0.2 s to run), so XLA's backend optimisations (LLVM -O2 and its
 # expensive passes) cost more than they save here; even the 100,000-row stop-rule law tests, whose
 # time is mostly running, take as long at -O0 with the emitters below (measured: their module
-# 2:54 against 2:59 optimised). They change no semantics; every exactness check is unaffected (greedy
-# identity and parity run with the same flags on both sides). The benchmarks, the runner and users
-# keep the default. Set in the environment so the CLI/notebook/benchmark subprocesses get it too.
+# 2:54 against 2:59 optimised). They change no semantics; every exactness check is unaffected
+# (greedy identity and parity run with the same flags on both sides). The benchmarks, the runner
+# and users keep the default. Set in the environment so the CLI/notebook/benchmark subprocesses get it too.
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 # XLA:CPU's MLIR fusion emitters compile a test program ~2.5x slower than the legacy elemental
 # emitters at -O0 (measured: the tiny pair's speculative program 5.0 s -> 1.9 s of XLA compilation;

@@ -90,11 +90,6 @@ __all__ = ['TreeShape', 'parse_tree', 'parse_trees', 'TreeModelDraft', 'TreeProp
 
 CANDIDATES = ('wor', 'iid')
 
-# The chain loop's helpers, shared so both loops validate, commit and finish alike.
-check_inputs, finish_tokens, raise_on_nan, as_key = (
-    loop.check_inputs, loop.finish_tokens, loop.raise_on_nan, loop.as_key)
-
-
 # ----------------------------------------------------------------------------- tree shape
 
 
@@ -565,7 +560,8 @@ def tree_program(target, draft, input_ids_BxS, rng, *, shape, max_new_tokens, sa
 
   state = jax.lax.while_loop(cond_fn, body_fn, state)
   return loop.DecodeOutput(
-      tokens=finish_tokens(state.seq, state.lengths, max_new_tokens, target.config.pad_token_id),
+      tokens=loop.finish_tokens(state.seq, state.lengths, max_new_tokens,
+                               target.config.pad_token_id),
       lengths=state.lengths, stats=state.stats)
 
 
@@ -584,13 +580,14 @@ def tree_decode(target, draft, input_ids, *, tree, max_new_tokens: int, temperat
   if not hasattr(target, 'decode_tree'):
     raise ValueError(f'tree=: the target {type(target).__name__} has no decode_tree '
                      '(a specjax T5Model is needed)')
-  check_inputs(input_ids, max_new_tokens, shape.depth, sampling, target.config.vocab_size,
-               int(draft.vocab_size))
+  # the chain loop's helpers: both loops validate, seed and report NaNs alike
+  loop.check_inputs(input_ids, max_new_tokens, shape.depth, sampling, target.config.vocab_size,
+                    int(draft.vocab_size))
   eos = target.config.eos_token_id if eos_id is None else int(eos_id)
-  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), as_key(rng), shape=shape,
-                     max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
+  out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), loop.as_key(rng),
+                     shape=shape, max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos,
                      verify_fn=verify_fn)
-  raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')
+  loop.raise_on_nan(out.stats.nan, 'speculative_decode(tree=...)')
   if bool(out.stats.bad_draft):
     raise ValueError(f'speculative_decode: the tree draft {type(draft).__name__} proposed a '
                      f'token id outside [0, {target.config.vocab_size}) (vocab_size)')
