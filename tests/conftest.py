@@ -16,7 +16,8 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 # time is mostly running, take as long at -O0 with the emitters below (measured: their module
 # 2:54 against 2:59 optimised). They change no semantics; every exactness check is unaffected
 # (greedy identity and parity run with the same flags on both sides). The benchmarks, the runner
-# and users keep the default. Set in the environment so the CLI/notebook/benchmark subprocesses get it too.
+# and users keep the default. Set in the environment so the CLI/notebook/benchmark subprocesses
+# get it too.
 os.environ.setdefault('JAX_DISABLE_MOST_OPTIMIZATIONS', '1')
 # XLA:CPU's MLIR fusion emitters compile a test program ~2.5x slower than the legacy elemental
 # emitters at -O0 (measured: the tiny pair's speculative program 5.0 s -> 1.9 s of XLA compilation;
