@@ -9,7 +9,9 @@ import pytest
 from specjax import testing
 from specjax.data import bible_tokenizer
 from specjax.runner import config as config_lib
+from specjax.runner import console
 from specjax.runner import experiment
+from specjax.runner import metrics
 from specjax.runner import results as results_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -149,9 +151,10 @@ def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_pa
   assert len((tmp_path / 'out' / 'results.jsonl').read_text().splitlines()) == 6
 
 
-def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path):
+def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch):
   """A head directory in config.drafts: built for the target, labelled by its directory name,
-  its c measured from its own step (not 0), greedy output token-identical."""
+  its c measured from its own step (not 0), greedy output token-identical. With block_cost the
+  target's block cost is measured once per gamma (not per draft) and predicts beside Thm 3.8."""
   import jax  # pylint: disable=import-outside-toplevel
   import specjax  # pylint: disable=import-outside-toplevel
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
@@ -159,12 +162,22 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path):
   hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
   head_lib.save_head(head_lib.init_head_params(hc, jax.random.PRNGKey(0)), hc,
                      tmp_path / 'head')
-  spec = _spec(pair_dir, tmp_path / 'out', gammas=(2,),
+  measured = []
+  monkeypatch.setattr(metrics, 'measure_block_cost',
+                      lambda target, batch, cache_len, g: measured.append(g) or 1.6)
+  spec = _spec(pair_dir, tmp_path / 'out', gammas=(2,), block_cost=True,
                drafts=(str(pair_dir / 'draft'), str(tmp_path / 'head')))
   rows = experiment.run(spec)
   assert sorted(r['draft'] for r in rows) == ['draft', 'head']
   head_row = next(r for r in rows if r['draft'] == 'head')
   assert head_row['identical_to_baseline'] and head_row['c'] > 0
+  assert measured == [2]
+  for r in rows:
+    assert r['block_cost'] == 1.6 and r['pred_improvement_measured'] == pytest.approx(
+        metrics.predicted_speedup(r['tokens_per_target_call'], r['draft_passes_per_call'],
+                                  r['c'], 1.6))
+  assert 'pred (block)' in console.results_table(rows, 'sweep', width=400)
+  assert '| block cost |' in (tmp_path / 'out' / 'table.md').read_text()
   broken = tmp_path / 'broken'
   broken.mkdir()
   (broken / 'head_config.json').write_text('{"vocab_size": 4000}')

@@ -54,6 +54,9 @@ class RunSpec:
   max_new_tokens: int = option(128, 'decode length per prompt (stops earlier at EOS)')
   batch_size: int = option(1, "prompts per batch (1 = the paper's setting)")
   repeats: int = option(3, 'timed repeats per cell (median reported; compile excluded)')
+  block_cost: bool = option(False, "measure the target's (gamma+1)-token step over its 1-token "
+                            'step once per task and predict with it beside Theorem 3.8 (always '
+                            'on with stop rules)')
   dtype: str = option('bfloat16', 'parameter dtype; logits and acceptance are float32 regardless')
   matmul_precision: str = option('', "'' = XLA's default; 'highest' with dtype float32 keeps "
                                  'greedy output token-identical on GPUs (docs/performance.md)')

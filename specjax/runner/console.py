@@ -84,6 +84,10 @@ def _columns(rows, describe):
                  ('passes/tok', lambda r: '-' if r.get('draft_passes_per_call') is None else
                   f"{r['draft_passes_per_call'] / max(r['tokens_per_target_call'], 1e-9):.2f}",
                   6, True)]
+  if any(r.get('block_cost', 1.0) != 1.0 for r in rows):  # the measured block cost's prediction
+    at = [c[0] for c in cols].index('speedup (pred)') + 1
+    cols.insert(at, ('pred (block)', lambda r: ('-' if r.get('pred_improvement_measured') is None
+                                                else _x(r['pred_improvement_measured'])), 6, True))
   if any(r.get('tree') for r in rows):
     cols[4:4] = [('tree', lambda r: r.get('tree') or '-', 9, False)]
   if greedy:

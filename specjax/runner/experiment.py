@@ -119,6 +119,13 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
   for task in tasks:
     prompts = make_prompts(tokenizer, *texts[task], max_source_len=spec.max_source_len,
                            batch_size=spec.batch_size, pad_id=target.config.pad_token_id)
+    cache_len = spec.max_new_tokens + max(spec.gammas) + 1
+    # The target's (gamma+1)-token step over its 1-token step (a property of the target, so once
+    # per task), for the cost model beside Theorem 3.8's (which assumes 1): measured when asked
+    # or when the sweep has stop rules (their cells verify variable-length blocks).
+    block_cost = ({g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
+                   for g in spec.gammas}
+                  if spec.block_cost or set(spec.stops) != {'fixed'} else {})
     for draft_name in spec.drafts:
       draft_cells = [c for c in todo if c['task'] == task and c['draft'] == draft_name]
       if not draft_cells:
@@ -126,12 +133,7 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
       label = spec.draft_label(draft_name)
       identity = json.dumps([shared['target'], draft_ids[draft_name], task], sort_keys=True)
       draft = drafts_lib.build(spec, draft_name, target, tokenizer, task, mesh, identity)
-      cache_len = spec.max_new_tokens + max(spec.gammas) + 1
       c = metrics.measure_c(target, draft, prompts.batches_NxBxS[0], cache_len)
-      # The target's (gamma+1)-token step over its 1-token step, for the variable-length cost
-      # model; measured only when the sweep has stop rules (1 = Theorem 3.8's assumption).
-      block_cost = ({g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
-                     for g in spec.gammas} if set(spec.stops) != {'fixed'} else {})
       for cell in draft_cells:
         temperature, gamma = cell['temperature'], cell['gamma']
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
