@@ -230,6 +230,10 @@ def test_data_error_is_a_config_error():
   assert issubclass(data.DataError, errors.ConfigError)
 
 
-def test_tiny_pair_dir_holds_both_models():
+def test_tiny_pair_dir_holds_the_pair_and_the_head_within_60_mb():
   for name in ('target', 'draft'):
     assert (data.TINY_PAIR_DIR / name / 'config.json').is_file(), name
+  assert (data.TINY_PAIR_DIR / 'head' / 'head_config.json').is_file()
+  assert (data.TINY_PAIR_DIR / 'head' / 'head.safetensors').stat().st_size <= 5e6
+  shipped = sum(f.stat().st_size for f in data.ASSETS_DIR.rglob('*') if f.is_file())
+  assert shipped <= 60e6, shipped  # corpus, tokenizer, target, draft and head together

@@ -38,7 +38,7 @@ ROWS = [_row(t, g) for t in (0.0, 1.0) for g in (2, 3, 5)]
 
 
 def test_models_are_named_by_what_they_are():
-  assert report.describe(str(data.TINY_PAIR_DIR / 'target')) == 'T5 7.0M'
+  assert report.describe(str(data.TINY_PAIR_DIR / 'target')) == 'T5 24.3M'
   assert report.describe(str(data.TINY_PAIR_DIR / 'draft')) == 'T5 1.6M'
   assert report.describe('t5-small') == 't5-small' and report.describe('bigram') == 'bigram'
 
@@ -48,7 +48,7 @@ def test_terminal_table_keeps_only_informative_columns(tmp_path, capsys, monkeyp
   report.write_tables(_spec(tmp_path), ROWS)
   out = capsys.readouterr().out
   lines = out.splitlines()
-  assert lines[0].startswith('tiny: T5 7.0M target / T5 1.6M draft; batch 1, CPU')
+  assert lines[0].startswith('tiny: T5 24.3M target / T5 1.6M draft; batch 1, CPU')
   assert 'task bible_en_es' in lines[0] and 'c 0.094' in lines[0]  # one value: in the title
   header = lines[1].split()
   assert 'paper' not in lines[1] and 'task' not in header and 'draft' not in header

@@ -7,7 +7,8 @@
 
 Same tokenizer and vocabulary as the target, one narrow decoder layer (far cheaper per decode step),
 trained by sequence-level distillation: the targets are the shipped target's greedy translations of
-the training sources (decoded once, cached in the workdir), which raises the acceptance rate alpha.
+the training sources (decoded once, cached in runs/bible_cache, where the feature head's training
+finds them), which raises the acceptance rate alpha.
 Measured figures: docs/tiny_pair.md.
 """
 
@@ -27,6 +28,7 @@ def get_config(arg=None):
   c.data.source_buckets = (24, 32, 48, 64)
   c.data.target_buckets = (24, 32, 48, 64)
   c.data.batch_size = 32
+  c.data.cache_dir = 'runs/bible_cache'  # the head (bible_head.py) reuses this decode
   c.data.train_examples = 16000  # distilled: a random 16k of the ~28k verses (decoding them all
                                  # with the target would take longer than training the draft)
   c.data.eval_examples = 512

@@ -44,9 +44,9 @@ def get_config(arg=None):
   c.optim.end_lr_fraction = 0.1
   c.optim.b1 = 0.0
   c.optim.clip_norm = 0.0
-  c.steps = 2000
+  c.steps = 1200
   c.log_every = 50
-  c.eval_every = 500
+  c.eval_every = 400
   c.checkpoint_every = 250
   c.bleu_batch_size = 256
   if a.smoke:
