@@ -118,6 +118,7 @@ def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_pa
 
   monkeypatch.setattr(experiment, 'run_cell', counting)
   monkeypatch.setattr(experiment.metrics, 'measure_c', lambda *a, **k: 0.1)
+  monkeypatch.setattr(experiment.metrics, 'measure_block_cost', lambda *a, **k: 1.5)
 
   def run(**changes):
     calls.clear()
@@ -131,7 +132,8 @@ def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_pa
   for change, field in ((dict(num_examples=3), 'num_examples'),
                         (dict(max_new_tokens=6), 'max_new_tokens'),
                         (dict(mesh_shape=(1, 1)), 'mesh_shape'),
-                        (dict(local_data=str(data)), 'local_data')):
+                        (dict(local_data=str(data)), 'local_data'),
+                        (dict(block_cost=True), 'block_cost')):
     rows, n, out = run(**change)
     assert n == 1, change  # recomputed, not resumed
     assert f'settings changed since stored results ({field}' in out or f', {field}' in out, out
@@ -148,7 +150,7 @@ def test_changed_settings_recompute_and_unchanged_reruns_resume(pair_dir, tmp_pa
   assert n == 1
   _, n, out = run(num_examples=3)  # settings seen before: their row is resumed
   assert n == 0 and 'resuming: 1 of 1 cells' in out
-  assert len((tmp_path / 'out' / 'results.jsonl').read_text().splitlines()) == 6
+  assert len((tmp_path / 'out' / 'results.jsonl').read_text().splitlines()) == 7
 
 
 def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch):

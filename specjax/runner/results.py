@@ -97,6 +97,8 @@ def run_settings(spec, device: str) -> dict[str, Any]:
   out['target'] = path_identity(spec.target)
   out['local_data'] = path_identity(spec.local_data, hash_contents=True)
   out['device'] = device
+  if spec.block_cost:  # its cells carry the measured block cost (absent: the stored identity)
+    out['block_cost'] = True
   return out
 
 
