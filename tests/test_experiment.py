@@ -185,3 +185,11 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
   (broken / 'head_config.json').write_text('{"vocab_size": 4000}')
   with pytest.raises(config_lib.ConfigError, match=r'drafts\[1\]'):
     _spec(pair_dir, tmp_path / 'out2', drafts=(str(pair_dir / 'draft'), str(broken)))
+
+
+def test_interleaved_timing_warms_up_with_the_cheaper_call_and_times_the_real_one():
+  calls = []
+  fns = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+  timings = metrics.time_interleaved(fns, repeats=2, warmups={'a': lambda: calls.append('wa')})
+  assert calls == ['wa', 'b', 'a', 'b', 'a', 'b']  # a's warm-up replaced, b's is b itself
+  assert all(len(t.times_s) == 2 for t in timings.values())

@@ -61,11 +61,11 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   rng = jax.random.PRNGKey(spec.seed)
   batches = [jnp.asarray(b) for b in prompts.batches_NxBxS]
 
-  def run_base():
+  def run_base(batches=batches):
     return [decoding.autoregressive_decode(target, b, rng=jax.random.fold_in(rng, i), **kw)
             for i, b in enumerate(batches)]
 
-  def run_spec():
+  def run_spec(batches=batches):
     if tree:
       return [decoding.speculative_decode(target, draft, b, tree=tree,
                                           rng=jax.random.fold_in(rng, i), **kw)
@@ -77,10 +77,12 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
             for i, b in enumerate(batches)]
 
   outputs = {}
+  # Every batch has the same padded shape, so warming up on the first compiles all there is.
+  first = lambda fn: lambda: [o.tokens for o in fn(batches[:1])]
   timings = metrics.time_interleaved(
       {'baseline': metrics.keep_outputs(outputs, 'baseline', run_base),
        'speculative': metrics.keep_outputs(outputs, 'speculative', run_spec)},
-      repeats=spec.repeats)
+      repeats=spec.repeats, warmups={'baseline': first(run_base), 'speculative': first(run_spec)})
   spec_out, base_out = outputs['speculative'], outputs['baseline']
   stats = valid_stats(spec_out, prompts.rows_valid)
   alpha = stats.alpha

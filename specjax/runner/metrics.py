@@ -76,12 +76,16 @@ def time_call(fn: Callable[[], Any], repeats: int = 5) -> Timing:
   return Timing(compile_s, statistics.median(times), tuple(times))
 
 
-def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5) -> dict[str, Timing]:
-  """Times several callables side by side: warm-up each, then A B A B ... so drift hits all alike."""
+def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5,
+                     warmups: dict[str, Callable[[], Any]] | None = None) -> dict[str, Timing]:
+  """Times several callables side by side: warm-up each, then A B A B ... so drift hits all alike.
+
+  `warmups` (optional, per name) replace the warm-up call by a cheaper one that compiles the same
+  programs (one batch of several of the same shape); its time is reported as compile time."""
   compile_s = {}
   for name, fn in fns.items():
     start = time.perf_counter()
-    block(fn())
+    block((warmups or {}).get(name, fn)())
     compile_s[name] = time.perf_counter() - start
   times: dict[str, list[float]] = {name: [] for name in fns}
   for _ in range(repeats):
