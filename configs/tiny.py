@@ -3,7 +3,7 @@
   python -m specjax.run                       # same as --config=configs/tiny.py
   python -m specjax.run --config=configs/tiny.py:smoke
 
-Runs on a laptop CPU with no network (about 2.5 minutes on 2 cores): a memory-bound 24.3M-param
+Runs on a laptop CPU with no network (under 2 minutes on 2 cores): a memory-bound 24.3M-param
 target, a distilled 1.6M-param T5 draft and a feature head that reads the target's hidden states,
 all trained by specjax itself (docs/tiny_pair.md), at T = 0 and 1 and gamma 3 and 5. The smoke
 variant (tests) runs the draft only, at one gamma.

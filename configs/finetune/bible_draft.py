@@ -8,7 +8,9 @@
 Same tokenizer and vocabulary as the target, one narrow decoder layer (far cheaper per decode step),
 trained by sequence-level distillation: the targets are the shipped target's greedy translations of
 the training sources (decoded once, cached in runs/bible_cache, where the feature head's training
-finds them), which raises the acceptance rate alpha.
+finds them), which raises the acceptance rate alpha. The shipped draft is this one after on-policy
+distillation (configs/finetune/bible_draft_onpolicy.py:tvd, exported to
+runs/bible_draft_onpolicy_tvd/export and copied over this export).
 Measured figures: docs/tiny_pair.md.
 """
 

@@ -8,8 +8,10 @@ continuations and learns the target's distribution on them.
 Starts from the sequence-level distilled draft (configs/finetune/bible_draft.py) and fine-tunes
 it for a few hundred steps on its own T = 1 samples of training sources, minimising the total
 variation (tvd: 1 - alpha per position) or the forward KL (fkl) to the frozen shipped target.
-Exports to runs/bible_draft_onpolicy_<divergence>/export; alpha before and after:
-docs/tiny_pair.md.
+Exports to runs/bible_draft_onpolicy_<divergence>/export; the tvd export is the shipped draft
+(copy its model.safetensors and config.json to specjax/assets/tiny_pair/draft; init_from then
+names the distilled draft it started from, so rerun bible_draft.py first to reproduce). Alpha
+before and after: docs/tiny_pair.md.
 """
 
 import ml_collections
