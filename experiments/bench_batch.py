@@ -62,6 +62,8 @@ def parse_args(argv=None):
   p.add_argument('--temperatures', default='0,1', help='--refill: temperatures')
   p.add_argument('--gammas', default='1,2,3,5', help='--refill: fixed gammas compared with auto')
   p.add_argument('--n', type=int, default=0, help='--refill: verses in the queue (max batch)')
+  p.add_argument('--shrink_compare', action='store_true',
+                 help='--refill: also time the refill loop without its tail shrinking')
   a = bc.parse_bench_args(p, argv)
   if a.smoke:
     a.pair, a.batches, a.lengths, a.repeats, a.gamma = 'smoke', '1,2', '12', 1, 3
@@ -111,6 +113,14 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
       'AR refill': keep('AR refill', lambda: [
           decoding.autoregressive_decode(target, queue, slots=b, **kw)]),
   }
+  if getattr(args, 'shrink_compare', False):  # the refill loop without its tail shrinking
+    from specjax.decoding import refill  # pylint: disable=import-outside-toplevel
+    fns['AR refill full width'] = keep('AR refill full width', lambda: [refill.refill_decode(
+        target, None, queue, slots=b, gamma=None, shrink=False, what='autoregressive_decode',
+        **kw)])
+    fns[f'spec g={args.gamma} refill full width'] = keep(
+        f'spec g={args.gamma} refill full width', lambda: [refill.refill_decode(
+            target, draft, queue, slots=b, gamma=args.gamma, shrink=False, **kw)])
   for g in sorted(set(gammas + [args.gamma])):
     fns[f'spec g={g} refill'] = keep(f'spec g={g} refill', lambda g=g: [
         decoding.speculative_decode(target, draft, queue, gamma=g, slots=b, **kw)])
@@ -130,7 +140,9 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
       row['tokens_per_call'] = 1.0
     else:
       busy = sum(int(np.sum(o.stats.target_calls)) for o in outs)
-      row['row_util'] = busy / max(sum(int(o.stats.iterations) for o in outs) * b, 1)
+      paid = sum(int(getattr(o.stats, 'row_iterations', int(o.stats.iterations) * b))
+                 for o in outs)  # refill: the width halves in the tail
+      row['row_util'] = busy / max(paid, 1)
       row['tokens_per_call'] = sum(int(np.sum(o.stats.emitted)) for o in outs) / max(busy, 1)
     if hasattr(outs[0].stats, 'gamma_hist') and 'auto' in name:
       row['gamma_hist'] = '/'.join(str(v) for v in np.asarray(outs[0].stats.gamma_hist))

@@ -126,6 +126,61 @@ def test_bad_input_one_line_errors():
                             gamma=refill.Auto(g_max=2, costs=((1.0,), 0.0)))
 
 
+def many_prompts(q=40):
+  return np.random.RandomState(1).randint(2, 64, (q, 6)).astype(np.int32)
+
+
+def compact_without_cache(st, width):
+  """Control: a tail compaction that narrows the slots but leaves the target's cache in the old
+  slot order (rows decode against another request's keys/values)."""
+  narrowed = _COMPACT(st, width)
+  return narrowed.replace(target_cache=jax.tree.map(lambda x: x[:width], st.target_cache))
+
+
+_COMPACT = refill._compact  # pylint: disable=protected-access
+
+
+def test_tail_shrink_keeps_tokens_and_saves_row_iterations(monkeypatch):
+  # 40 requests through 16 slots: once the queue is empty the loop narrows to 8 slots (active rows
+  # first). Tokens, per-request statistics and sampled streams are those of the full-width loop.
+  target, draft = pair()
+  ids = many_prompts()
+  assert refill.shrink_widths(16, (jnp.zeros((16, 3)),)) == [16, 8]
+  assert refill.shrink_widths(8, (jnp.zeros((8, 3)),)) == [8]
+  assert refill.shrink_widths(16, (jnp.zeros((3,)),)) == [16]  # a leaf without a row axis
+  for temperature in (0.0, 1.0):
+    kw = dict(max_new_tokens=M, eos_id=EOS, slots=16, temperature=temperature, rng=5)
+    outs = {shrink: refill.refill_decode(target, draft, ids, gamma=GAMMA, shrink=shrink, **kw)
+            for shrink in (True, False)}
+    np.testing.assert_array_equal(outs[True].tokens, outs[False].tokens)
+    np.testing.assert_array_equal(outs[True].stats.emitted, outs[False].stats.emitted)
+    paid = {k: int(o.stats.row_iterations) for k, o in outs.items()}
+    assert paid[False] == int(outs[False].stats.iterations) * 16
+    assert paid[True] < paid[False], paid
+    assert outs[True].stats.row_utilisation > outs[False].stats.row_utilisation
+    ar = {shrink: refill.refill_decode(target, None, ids, gamma=None, shrink=shrink, **kw)
+          for shrink in (True, False)}
+    np.testing.assert_array_equal(ar[True].tokens, ar[False].tokens)
+    if temperature == 0:
+      ref = loop.autoregressive_decode(target, ids, max_new_tokens=M, eos_id=EOS)
+      np.testing.assert_array_equal(outs[True].tokens, ref.tokens)
+  # The control (rows separated from their caches) changes the tokens: the check has power.
+  monkeypatch.setattr(refill, '_compact', compact_without_cache)
+  bad = refill.refill_decode(target, draft, ids, gamma=GAMMA, max_new_tokens=M + 1, eos_id=EOS,
+                             slots=16)
+  good = refill.refill_decode(target, draft, ids, gamma=GAMMA, max_new_tokens=M + 1, eos_id=EOS,
+                              slots=16, shrink=False)
+  assert not np.array_equal(bad.tokens, good.tokens)
+
+
+def test_smooth_costs_is_linear_from_gamma_one():
+  c = refill.smooth_costs([1.0, 1.5, 1.9, 1.7, 2.5, 2.9])  # gamma 3 timed 'cheaper' than 2
+  assert c[0] == 1.0 and np.all(np.diff(c[1:]) > 0)
+  np.testing.assert_allclose(np.diff(c[1:]), np.diff(c[1:])[0])
+  flat = refill.smooth_costs([1.0, 2.0, 1.5, 1.2])  # a falling fit is clipped to flat
+  np.testing.assert_allclose(flat[1:], np.mean([2.0, 1.5, 1.2]))
+
+
 # ----------------------------------------------------------------------------- gamma='auto'
 
 

@@ -13,6 +13,11 @@ the loop), its sequence, cache length 0, done flag, statistics and the draft's p
 Self-attention caches are not cleared: a row reads only positions below its length, and every one
 of those is written by the new request (the rollback convention of specjax.models.t5).
 
+Once the queue is empty the loop only loses rows; each trip still pays for all its slots, so the
+width halves (B, B/2, .. down to SHRINK_MIN, at most SHRINK_STEPS times) whenever the active rows fit the next width: the
+active rows are gathered into a narrower state and a narrower copy of the loop goes on (each width
+is its own compiled while loop, one after the other in the same program).
+
 Randomness is per request: iteration i of request r uses fold_in(fold_in(rng, r), i), so a
 request's sampled tokens do not depend on `slots`, its place in the queue or its neighbours.
 
@@ -23,7 +28,8 @@ iteration) and a measured cost curve `Costs` (a whole loop iteration at each gam
 every trip computes all B rows, so the cost is that of B). gamma = 0 is
 a plain decoding step (one target token per row, no draft call: "verifying 0 drafts" draws from
 p[0]); each gamma is its own branch of a `lax.switch`, so a small gamma really runs a narrower
-block. After gamma = 0 steps a model draft's cache lags the committed prefix; the next gamma >= 1
+block, and each branch is a while loop that keeps going while the choice stays the same (a switch
+per trip copied the loop state: 10-20% per trip on a CPU). After gamma = 0 steps a model draft's cache lags the committed prefix; the next gamma >= 1
 step first re-feeds the prefix in one teacher-forced pass (`resync`).
 
 Entry points: speculative_decode(..., slots=B) / gamma='auto' and autoregressive_decode(...,
@@ -51,6 +57,11 @@ from specjax.decoding.loop import DecodeOutput, SpecStats
 from specjax.models import t5
 
 GAMMA_TRACE = 512  # iterations whose gamma is recorded in RefillStats.gamma_trace
+SHRINK_MIN = 8     # the loop's width halves in the tail, down to this many slots (see _compact),
+SHRINK_STEPS = 3   # at most this many times (each width is one more compiled copy of the loop)
+# SpecStats fields with one entry per row (the others are of the whole call).
+PER_ROW = ('target_calls', 'proposed_hist', 'accepted_hist', 'proposed', 'accepted', 'emitted',
+           'alpha_sum', 'alpha_count')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,22 +101,26 @@ class RefillStats(SpecStats):
   of the whole call), plus:
 
   slots:        []     int32  B, the rows that lived in the loop
+  row_iterations: []   int32  row-iterations paid: trips x the loop's width at each trip (the width
+                              halves in the tail, after the queue is empty: _compact)
   gamma_hist:   [G1]   int32  iterations run at each gamma (gamma='auto'; a fixed gamma: one bin)
   gamma_trace:  [I]    int32  gamma of iteration i for the first I = GAMMA_TRACE iterations, -1
                               after the last
   """
   slots: jax.Array
+  row_iterations: jax.Array
   gamma_hist: jax.Array
   gamma_trace: jax.Array
 
   @property
   def row_utilisation(self) -> float:
-    """Row-iterations that advanced a request / all row-iterations paid (iterations x B)."""
-    return float(np.sum(self.target_calls) / max(int(self.iterations) * int(self.slots), 1))
+    """Row-iterations that advanced a request / all row-iterations paid."""
+    return float(np.sum(self.target_calls) / max(int(self.row_iterations), 1))
 
   def summary(self) -> dict[str, Any]:
     out = super().summary()
     out.update(slots=int(self.slots), row_utilisation=self.row_utilisation,
+               row_iterations=int(self.row_iterations),
                gamma_hist=np.asarray(self.gamma_hist).tolist())
     return out
 
@@ -124,6 +139,7 @@ class RefillState:
   alpha_sum, alpha_count: [] float32  beta terms of all finished iterations (gamma='auto')
   stale:        [] bool    the draft's state lags the prefix (after gamma = 0 steps)
   plain_run:    [] int32   gamma = 0 iterations in a row (Auto.probe_every)
+  row_iters:    [] int32   row-iterations paid (the loop's width summed over its trips)
   gamma_hist [G1], gamma_trace [I]
   """
   seq: jax.Array
@@ -141,6 +157,7 @@ class RefillState:
   alpha_count: jax.Array
   stale: jax.Array
   plain_run: jax.Array
+  row_iters: jax.Array
   gamma_hist: jax.Array
   gamma_trace: jax.Array
 
@@ -156,12 +173,24 @@ def take_rows(slot_state, queue_state, take_B, req_B):
   so they are kept; every other leaf (cross-attention keys/values, masks, sources) is per request
   and copied.
   """
-  def take(s, q):
-    if s.shape[1:] != q.shape[1:]:
-      return s
-    rows = q[jnp.clip(req_B, 0, q.shape[0] - 1)]
-    return jnp.where(take_B.reshape((-1,) + (1,) * (s.ndim - 1)), rows.astype(s.dtype), s)
-  return jax.tree.map(take, slot_state, queue_state)
+  # Row by row, only the rows taken this trip: a jnp.where over whole slot arrays rewrote every
+  # cross-attention key/value of every slot on each trip that refilled one row (tens of MB at
+  # B = 32), which cost plain decoding more than the idle rows it saves.
+  b = take_B.shape[0]
+  slots_B = jnp.nonzero(take_B, size=b, fill_value=0)[0]
+
+  def put_row(i, state):
+    slot = slots_B[i]
+    r = jnp.clip(req_B[slot], 0, None)
+
+    def put(s, q):
+      if s.shape[1:] != q.shape[1:]:
+        return s
+      row = jax.lax.dynamic_index_in_dim(q, jnp.minimum(r, q.shape[0] - 1), 0, keepdims=True)
+      return jax.lax.dynamic_update_index_in_dim(s, row.astype(s.dtype), slot, 0)
+    return jax.tree.map(put, state, queue_state)
+
+  return jax.lax.fori_loop(0, jnp.sum(take_B, dtype=jnp.int32), put_row, slot_state)
 
 
 def request_keys(rng, req_B, it_B):
@@ -262,10 +291,8 @@ def _harvest(st: RefillState, active_B, max_new_tokens, pad_id) -> RefillState:
   q = st.out_lengths.shape[0]
   req_B = jnp.where(active_B, st.req, q)  # q: dropped
   put = lambda out, val: out.at[req_B].set(val, mode='drop')  # noqa: E731
-  per_row = ('target_calls', 'proposed_hist', 'accepted_hist', 'proposed', 'accepted', 'emitted',
-             'alpha_sum', 'alpha_count')
   out_stats = st.out_stats.replace(**{f: put(getattr(st.out_stats, f), getattr(st.stats, f))
-                                      for f in per_row})
+                                      for f in PER_ROW})
   tokens_BxM = loop_lib.finish_tokens(st.seq, st.lengths, max_new_tokens, pad_id)
   return st.replace(out_tokens=put(st.out_tokens, tokens_BxM),
                     out_lengths=put(st.out_lengths, st.lengths), out_stats=out_stats)
@@ -282,9 +309,7 @@ def _refill(st: RefillState, queue, start_id, refill_fn) -> RefillState:
 
   def load(st):
     zero_B = lambda x: jnp.where(take_B.reshape((-1,) + (1,) * (x.ndim - 1)), 0, x)  # noqa: E731
-    per_row = ('target_calls', 'proposed_hist', 'accepted_hist', 'proposed', 'accepted',
-               'emitted', 'alpha_sum', 'alpha_count')
-    stats = st.stats.replace(**{f: zero_B(getattr(st.stats, f)) for f in per_row})
+    stats = st.stats.replace(**{f: zero_B(getattr(st.stats, f)) for f in PER_ROW})
     seq = jnp.where(take_B[:, None], jnp.zeros_like(st.seq).at[:, 0].set(start_id), st.seq)
     return st.replace(
         seq=seq, lengths=jnp.where(take_B, 0, st.lengths), done=st.done & ~take_B,
@@ -294,6 +319,38 @@ def _refill(st: RefillState, queue, start_id, refill_fn) -> RefillState:
         draft_state=refill_fn(st.draft_state, draft_queue, take_B, new_req_B), stats=stats)
 
   return jax.lax.cond(jnp.any(take_B), load, lambda s: s, st)
+
+
+# ----------------------------------------------------------------------------- the tail
+
+
+def shrink_widths(b: int, slot_trees) -> list[int]:
+  """The loop's widths: b, then up to SHRINK_STEPS halves down to SHRINK_MIN, used once the queue is empty and the
+  active rows fit the next width. [b] when b < 2 * SHRINK_MIN or a per-slot leaf has no leading
+  row axis (a draft state with shared leaves cannot be compacted)."""
+  leaves = jax.tree.leaves(slot_trees)
+  if any(x.ndim == 0 or x.shape[0] != b for x in leaves):
+    return [b]
+  widths = [b]
+  while widths[-1] // 2 >= SHRINK_MIN and len(widths) <= SHRINK_STEPS:
+    widths.append(widths[-1] // 2)
+  return widths
+
+
+def _compact(st: RefillState, width: int) -> RefillState:
+  """The slots narrowed to `width`: active rows first (stable), every per-slot leaf gathered.
+
+  After the queue is empty the loop only loses rows, and each trip pays for all its slots; at
+  B = 64 a quarter of the row-iterations went to finished rows in the tail (docs/performance.md
+  section 3). A narrower program costs about width / B as much per trip on a CPU (the step is
+  compute-bound at these batches). Requests, their statistics and their random streams (keyed by
+  request, not slot) move with their rows, so tokens do not change."""
+  idx_W = jnp.argsort(st.done, stable=True)[:width]
+  take = lambda x: x[idx_W]  # noqa: E731
+  stats = st.stats.replace(**{f: take(getattr(st.stats, f)) for f in PER_ROW})
+  return st.replace(seq=take(st.seq), lengths=take(st.lengths), done=take(st.done),
+                    req=take(st.req), target_cache=jax.tree.map(take, st.target_cache),
+                    draft_state=jax.tree.map(take, st.draft_state), stats=stats)
 
 
 # ----------------------------------------------------------------------------- the program
@@ -320,7 +377,7 @@ def init_state(target, draft, input_ids_QxS, *, slots: int, g_max: int, max_new_
       out_tokens=jnp.full((q, max_new_tokens), target.config.pad_token_id, jnp.int32),
       out_lengths=jnp.zeros((q,), jnp.int32), out_stats=SpecStats.zeros(q, g_max),
       alpha_sum=jnp.float32(0), alpha_count=jnp.float32(0), stale=jnp.bool_(False),
-      plain_run=jnp.int32(0),
+      plain_run=jnp.int32(0), row_iters=jnp.int32(0),
       gamma_hist=jnp.zeros((g_max + 1,), jnp.int32),
       gamma_trace=jnp.full((GAMMA_TRACE,), -1, jnp.int32))
   return st, queue
@@ -328,14 +385,14 @@ def init_state(target, draft, input_ids_QxS, *, slots: int, g_max: int, max_new_
 
 @functools.partial(jax.jit, static_argnames=(
     'slots', 'gamma', 'auto', 'max_new_tokens', 'sampling', 'eos_id', 'stop', 'verifier',
-    'verify_fn', 'refill_fn'))
+    'verify_fn', 'refill_fn', 'shrink'))
 def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, auto, max_new_tokens,
                    sampling, eos_id, stop=None, verifier='token', verify_fn=None,
-                   refill_fn=take_rows):
+                   refill_fn=take_rows, shrink=True):
   """The refill loop as one jitted program. `draft` None: autoregressive (gamma 0 only); `auto` an
   Auto: gamma chosen per iteration in 0 .. auto.g_max from `costs` (a Costs); otherwise the fixed
-  `gamma`. `refill_fn` loads queue rows into slots (take_rows; tests inject faults). Unchecked:
-  refill_decode validates."""
+  `gamma`. `refill_fn` loads queue rows into slots (take_rows; tests inject faults). `shrink`:
+  the width halves in the tail (shrink_widths, _compact). Unchecked: refill_decode validates."""
   loop_lib.TRACE_COUNTS['refill'] += 1
   stop = stop or stopping.Fixed()
   g_max = 0 if draft is None else (auto.g_max if auto is not None else int(gamma))
@@ -347,32 +404,58 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
                            max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos_id,
                            stop=stop, verifier=verifier, verify_fn=verify_fn)
 
-  def cond_fn(st):
-    return ~jnp.all(st.done)
+  q = input_ids_QxS.shape[0]
+  b = st.seq.shape[0]
+  widths = shrink_widths(b, (st.target_cache, st.draft_state)) if shrink else [b]
 
-  def body_fn(st):
+  def running(st, w_next: int):
+    """The current width's loop goes on: rows left, and not (queue empty and they fit w_next)."""
+    fits = (st.next_req >= q) & (jnp.sum(~st.done, dtype=jnp.int32) <= w_next)
+    return ~jnp.all(st.done) & ~fits
+
+  def decide(st):
+    """gamma of the next iteration, from finished iterations only (Auto)."""
+    g_now = choose_gamma(auto, costs, st.alpha_sum, st.alpha_count)
+    if auto.probe_every > 0:
+      g_now = jnp.where((g_now == 0) & (st.plain_run >= auto.probe_every), 1, g_now)
+    return g_now
+
+  def iteration(st, g: int):
+    """One trip at width g: draft, verify, commit, bookkeeping, harvest, refill."""
     keys = request_keys(rng, st.req, st.stats.target_calls)
     active_B = ~st.done
-    if len(gammas) == 1:
-      g_now = jnp.int32(gammas[0])
-      new = step(st, keys, gammas[0])
-    else:
-      g_now = choose_gamma(auto, costs, st.alpha_sum, st.alpha_count)
-      if auto.probe_every > 0:
-        g_now = jnp.where((g_now == 0) & (st.plain_run >= auto.probe_every), 1, g_now)
-      new = jax.lax.switch(g_now, [functools.partial(step, g=g) for g in gammas], st, keys)
+    new = step(st, keys, g)
     it = st.stats.iterations
     new = new.replace(
         alpha_sum=st.alpha_sum + jnp.sum(new.stats.alpha_sum - st.stats.alpha_sum),
         alpha_count=st.alpha_count + jnp.sum(new.stats.alpha_count - st.stats.alpha_count
                                              ).astype(jnp.float32),
-        plain_run=jnp.where(g_now == 0, st.plain_run + 1, 0),
-        gamma_hist=st.gamma_hist.at[g_now].add(1),
-        gamma_trace=st.gamma_trace.at[it].set(g_now, mode='drop'))
+        plain_run=st.plain_run + 1 if g == 0 else jnp.int32(0),
+        row_iters=st.row_iters + st.seq.shape[0],
+        gamma_hist=st.gamma_hist.at[g].add(1),
+        gamma_trace=st.gamma_trace.at[it].set(g, mode='drop'))
     new = _harvest(new, active_B, max_new_tokens, target.config.pad_token_id)
     return _refill(new, queue, start_id, refill_fn)
 
-  st = jax.lax.while_loop(cond_fn, body_fn, st)
+  def run_at(g: int, w_next: int):
+    """Iterations at width g for as long as `decide` keeps choosing g. The lax.switch sits OUTSIDE
+    this inner loop: a conditional inside the loop body cost 10-20% per trip on a CPU (the branch
+    copies the loop state), whereas a switch taken only when the choice changes costs nothing in
+    the steady state. The decisions are the same as choosing before every trip."""
+    def same_g(st):
+      return running(st, w_next) & (decide(st) == g)
+    return lambda st: jax.lax.while_loop(same_g, functools.partial(iteration, g=g), st)
+
+  def body_for(w_next: int):
+    if len(gammas) == 1:
+      return functools.partial(iteration, g=gammas[0])
+    return lambda st: jax.lax.switch(decide(st), [run_at(g, w_next) for g in gammas], st)
+
+  for i, w in enumerate(widths):
+    if i:
+      st = _compact(st, w)
+    w_next = widths[i + 1] if i + 1 < len(widths) else 0
+    st = jax.lax.while_loop(functools.partial(running, w_next=w_next), body_for(w_next), st)
   s = st.stats
   stats = RefillStats(
       iterations=s.iterations, draft_passes=s.draft_passes, nan=s.nan, bad_draft=s.bad_draft,
@@ -380,7 +463,8 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots, gamma, au
       accepted_hist=st.out_stats.accepted_hist, proposed=st.out_stats.proposed,
       accepted=st.out_stats.accepted, emitted=st.out_stats.emitted,
       alpha_sum=st.out_stats.alpha_sum, alpha_count=st.out_stats.alpha_count,
-      slots=jnp.int32(st.seq.shape[0]), gamma_hist=st.gamma_hist, gamma_trace=st.gamma_trace)
+      slots=jnp.int32(b), row_iterations=st.row_iters, gamma_hist=st.gamma_hist,
+      gamma_trace=st.gamma_trace)
   return DecodeOutput(tokens=st.out_tokens, lengths=st.out_lengths, stats=stats)
 
 
@@ -412,13 +496,30 @@ def _iteration_loop(target, draft, st, queue, rng, *, g, g_max, steps, max_new_t
   return jax.lax.fori_loop(0, steps, body_fn, st).seq
 
 
+def smooth_costs(cost_G1) -> np.ndarray:
+  """Iteration costs at gamma = 0 .. G with gamma >= 1 replaced by their least-squares line
+  (slope >= 0). From gamma = 1 on an iteration adds one draft pass and one block column per
+  gamma, so the cost is linear in gamma; single timings on a shared CPU scatter by 5-10%, enough
+  to order neighbouring gammas wrongly (measured: gamma 3 'cheaper' than gamma 2 at B = 64).
+  gamma = 0 (no draft call at all) keeps its own timing."""
+  c = np.asarray(cost_G1, np.float64)
+  if len(c) <= 2:
+    return c
+  g = np.arange(1, len(c), dtype=np.float64)
+  slope, icpt = np.polyfit(g, c[1:], 1)
+  if slope < 0:
+    slope, icpt = 0.0, float(np.mean(c[1:]))
+  return np.concatenate([c[:1], icpt + slope * g])
+
+
 def measure_costs(target, draft, input_ids_BxS, *, g_max: int, max_new_tokens: int,
-                  sampling: sampling_lib.Sampling | None = None, repeats: int = 3,
-                  steps: int = 8) -> Costs:
+                  sampling: sampling_lib.Sampling | None = None, repeats: int = 5,
+                  steps: int = 16) -> Costs:
   """The cost curve of `Auto` at this batch: one whole refill-loop iteration at each width
   gamma = 0 .. g_max (draft passes, the target's block, verification, sampling, commit and the
   per-trip refill bookkeeping), rows pinned mid-sequence, each timed inside one compiled loop,
-  median of `repeats`, variants interleaved. Returned as Costs(target_K=[iteration cost at
+  the fastest of `repeats` (interference only adds time), variants interleaved, then smoothed
+  (smooth_costs). Returned as Costs(target_K=[iteration cost at
   gamma = 0 .. g_max], draft=0): the whole iteration, so choose_gamma's tokens / cost compares
   what the loop really pays (the sum of forward-pass costs misses 10-35% of an iteration on a
   CPU). Cached per (models, batch shape, g_max, max_new_tokens, sampling, platform)."""
@@ -442,8 +543,9 @@ def measure_costs(target, draft, input_ids_BxS, *, g_max: int, max_new_tokens: i
                                    max_new_tokens=max_new_tokens, sampling=sampling, eos_id=eos)
 
   t = metrics.time_interleaved({f'g{g}': runner(g) for g in range(g_max + 1)}, repeats=repeats)
-  costs = Costs(target_K=jnp.asarray([t[f'g{g}'].median_s for g in range(g_max + 1)],
-                                     jnp.float32), draft=jnp.float32(0.0))
+  costs = Costs(target_K=jnp.asarray(smooth_costs([min(t[f'g{g}'].times_s) for g in
+                                                   range(g_max + 1)]), jnp.float32),
+                draft=jnp.float32(0.0))
   _COSTS[key] = costs
   return costs
 
@@ -477,12 +579,13 @@ def parse_gamma(gamma) -> tuple[int | None, Auto | None]:
 def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, temperature=0.0,
                   top_k=0, top_p=1.0, rng=None, eos_id=None, stop=None, verifier='token',
                   verify_fn=None, costs: Costs | None = None, refill_fn=take_rows,
-                  what='speculative_decode') -> DecodeOutput:
+                  shrink: bool = True, what='speculative_decode') -> DecodeOutput:
   """Validated refill decoding (loop.speculative_decode / autoregressive_decode dispatch here).
 
   `draft` None: autoregressive. `slots` None: all requests at once (one slot per request).
   `gamma`: an int, 'auto', 'auto:G_MAX' or an Auto; `costs` the Auto's cost curve (measured with
-  measure_costs at this batch when None)."""
+  measure_costs at this batch when None). `shrink` False keeps the full width to the end (for
+  comparisons; tokens are the same)."""
   sampling = loop_lib.make_sampling(temperature, top_k, top_p)
   ids = jnp.asarray(input_ids, jnp.int32) if not isinstance(input_ids, jax.Array) else input_ids
   q = ids.shape[0] if ids.ndim == 2 else 0
@@ -519,7 +622,7 @@ def refill_decode(target, draft, input_ids, *, slots, gamma, max_new_tokens, tem
                        gamma=fixed, auto=auto, max_new_tokens=int(max_new_tokens),
                        sampling=sampling, eos_id=eos, stop=None if draft is None else
                        (stop or stopping.Fixed()), verifier=verifier, verify_fn=verify_fn,
-                       refill_fn=refill_fn)
+                       refill_fn=refill_fn, shrink=bool(shrink))
   loop_lib.raise_on_nan(out.stats.nan, what)
   if bool(out.stats.bad_draft):
     raise ValueError(f'{what}: the draft {type(draft).__name__} proposed a token id outside '
