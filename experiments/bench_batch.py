@@ -113,8 +113,9 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
       'AR refill': keep('AR refill', lambda: [
           decoding.autoregressive_decode(target, queue, slots=b, **kw)]),
   }
-  if getattr(args, 'shrink_compare', False):  # the refill loop without its tail shrinking
-    from specjax.decoding import refill  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import refill  # pylint: disable=import-outside-toplevel
+  if getattr(args, 'shrink_compare', False) and b >= 2 * refill.SHRINK_MIN:
+    # the refill loop without its tail shrinking (which needs B >= 2 * SHRINK_MIN)
     fns['AR refill full width'] = keep('AR refill full width', lambda: [refill.refill_decode(
         target, None, queue, slots=b, gamma=None, shrink=False, what='autoregressive_decode',
         **kw)])
