@@ -128,7 +128,7 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
   fns['spec auto refill'] = keep('spec auto refill', lambda: [
       decoding.speculative_decode(target, draft, queue, gamma=f'auto:{max(gammas)}', slots=b,
                                   **kw)])
-  t = bc.interleave(fns, repeats=args.repeats)
+  t = bc.interleave(fns, repeats=args.repeats, shuffle=True)
   rows = []
   for name in fns:
     outs = out[name]

@@ -28,6 +28,7 @@ import json
 import math
 import os
 import platform
+import random
 import statistics
 import sys
 import time
@@ -261,9 +262,13 @@ def block(x):
   return jax.block_until_ready(x)
 
 
-def interleave(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
-               ) -> dict[str, dict[str, Any]]:
+def interleave(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1,
+               shuffle: bool = False) -> dict[str, dict[str, Any]]:
   """Warm-up each fn (first call timed apart as `first_s`), then A B A B ... `repeats` rounds.
+
+  `shuffle`: rounds after the first run in a seeded random order: on a shared 2-core machine the
+  call right after a long run of other calls was measured 20-30% slower than the same program
+  later in the round, so a fixed order biases whichever variant follows the slowest one.
 
   Returns per name: first_s, median_s, min_s, times_s. Each call's result is block_until_ready'd
   (a no-op for non-JAX results).
@@ -275,8 +280,11 @@ def interleave(fns: dict[str, Callable[[], Any]], repeats: int, warmup: int = 1
       block(fn())
       if i == 0:
         out[name]['first_s'] = time.perf_counter() - t0
-  for _ in range(repeats):
-    for name, fn in fns.items():
+  names = list(fns)
+  for r in range(repeats):
+    order = random.Random(r).sample(names, len(names)) if shuffle and r else names
+    for name in order:
+      fn = fns[name]
       t0 = time.perf_counter()
       block(fn())
       out[name]['times_s'].append(time.perf_counter() - t0)
