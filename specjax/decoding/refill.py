@@ -173,24 +173,12 @@ def take_rows(slot_state, queue_state, take_B, req_B):
   so they are kept; every other leaf (cross-attention keys/values, masks, sources) is per request
   and copied.
   """
-  # Row by row, only the rows taken this trip: a jnp.where over whole slot arrays rewrote every
-  # cross-attention key/value of every slot on each trip that refilled one row (tens of MB at
-  # B = 32), which cost plain decoding more than the idle rows it saves.
-  b = take_B.shape[0]
-  slots_B = jnp.nonzero(take_B, size=b, fill_value=0)[0]
-
-  def put_row(i, state):
-    slot = slots_B[i]
-    r = jnp.clip(req_B[slot], 0, None)
-
-    def put(s, q):
-      if s.shape[1:] != q.shape[1:]:
-        return s
-      row = jax.lax.dynamic_index_in_dim(q, jnp.minimum(r, q.shape[0] - 1), 0, keepdims=True)
-      return jax.lax.dynamic_update_index_in_dim(s, row.astype(s.dtype), slot, 0)
-    return jax.tree.map(put, state, queue_state)
-
-  return jax.lax.fori_loop(0, jnp.sum(take_B, dtype=jnp.int32), put_row, slot_state)
+  def take(s, q):
+    if s.shape[1:] != q.shape[1:]:
+      return s
+    rows = q[jnp.clip(req_B, 0, q.shape[0] - 1)]
+    return jnp.where(take_B.reshape((-1,) + (1,) * (s.ndim - 1)), rows.astype(s.dtype), s)
+  return jax.tree.map(take, slot_state, queue_state)
 
 
 def request_keys(rng, req_B, it_B):
