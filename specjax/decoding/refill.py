@@ -14,9 +14,10 @@ Self-attention caches are not cleared: a row reads only positions below its leng
 of those is written by the new request (the rollback convention of specjax.models.t5).
 
 Once the queue is empty the loop only loses rows; each trip still pays for all its slots, so the
-width halves (B, B/2, .. down to SHRINK_MIN, at most SHRINK_STEPS times) whenever the active rows fit the next width: the
-active rows are gathered into a narrower state and a narrower copy of the loop goes on (each width
-is its own compiled while loop, one after the other in the same program).
+width halves (B, B/2, .. down to SHRINK_MIN, at most SHRINK_STEPS times) whenever the active rows
+fit the next width: they are gathered into a narrower state and a narrower copy of the loop goes
+on (each width is its own compiled while loop, one after the other in the same program).
+gamma='auto' keeps the cost curve measured at width B there.
 
 Randomness is per request: iteration i of request r uses fold_in(fold_in(rng, r), i), so a
 request's sampled tokens do not depend on `slots`, its place in the queue or its neighbours.
@@ -29,8 +30,9 @@ every trip computes all B rows, so the cost is that of B). gamma = 0 is
 a plain decoding step (one target token per row, no draft call: "verifying 0 drafts" draws from
 p[0]); each gamma is its own branch of a `lax.switch`, so a small gamma really runs a narrower
 block, and each branch is a while loop that keeps going while the choice stays the same (a switch
-per trip copied the loop state: 10-20% per trip on a CPU). After gamma = 0 steps a model draft's cache lags the committed prefix; the next gamma >= 1
-step first re-feeds the prefix in one teacher-forced pass (`resync`).
+per trip copied the loop state: 10-20% per trip on a CPU). After gamma = 0 steps a model draft's
+cache lags the committed prefix; the next gamma >= 1 step first re-feeds the prefix in one
+teacher-forced pass (`resync`).
 
 Entry points: speculative_decode(..., slots=B) / gamma='auto' and autoregressive_decode(...,
 slots=B) of specjax.decoding.loop dispatch here (refill_decode); refill_program is the jitted
@@ -57,8 +59,8 @@ from specjax.decoding.loop import DecodeOutput, SpecStats
 from specjax.models import t5
 
 GAMMA_TRACE = 512  # iterations whose gamma is recorded in RefillStats.gamma_trace
-SHRINK_MIN = 8     # the loop's width halves in the tail, down to this many slots (see _compact),
-SHRINK_STEPS = 3   # at most this many times (each width is one more compiled copy of the loop)
+SHRINK_MIN = 8     # in the tail the loop's width halves down to this many slots (_compact) ...
+SHRINK_STEPS = 3   # ... at most this many times (each width is one more compiled loop body)
 # SpecStats fields with one entry per row (the others are of the whole call).
 PER_ROW = ('target_calls', 'proposed_hist', 'accepted_hist', 'proposed', 'accepted', 'emitted',
            'alpha_sum', 'alpha_count')
@@ -313,9 +315,9 @@ def _refill(st: RefillState, queue, start_id, refill_fn) -> RefillState:
 
 
 def shrink_widths(b: int, slot_trees) -> list[int]:
-  """The loop's widths: b, then up to SHRINK_STEPS halves down to SHRINK_MIN, used once the queue is empty and the
-  active rows fit the next width. [b] when b < 2 * SHRINK_MIN or a per-slot leaf has no leading
-  row axis (a draft state with shared leaves cannot be compacted)."""
+  """The loop's widths: b, then up to SHRINK_STEPS halves down to SHRINK_MIN, each used once the
+  queue is empty and the active rows fit it. [b] when b < 2 * SHRINK_MIN or a per-slot leaf has
+  no leading row axis (a draft state with shared leaves cannot be compacted)."""
   leaves = jax.tree.leaves(slot_trees)
   if any(x.ndim == 0 or x.shape[0] != b for x in leaves):
     return [b]
@@ -329,10 +331,9 @@ def _compact(st: RefillState, width: int) -> RefillState:
   """The slots narrowed to `width`: active rows first (stable), every per-slot leaf gathered.
 
   After the queue is empty the loop only loses rows, and each trip pays for all its slots; at
-  B = 64 a quarter of the row-iterations went to finished rows in the tail (docs/performance.md
-  section 3). A narrower program costs about width / B as much per trip on a CPU (the step is
-  compute-bound at these batches). Requests, their statistics and their random streams (keyed by
-  request, not slot) move with their rows, so tokens do not change."""
+  B = 64 about 30% of the row-iterations went to finished rows in the tail (docs/performance.md
+  section 3), and a narrower trip costs less. Requests, their statistics and their random streams
+  (keyed by request, not slot) move with their rows, so tokens do not change."""
   idx_W = jnp.argsort(st.done, stable=True)[:width]
   take = lambda x: x[idx_W]  # noqa: E731
   stats = st.stats.replace(**{f: take(getattr(st.stats, f)) for f in PER_ROW})
