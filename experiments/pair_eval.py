@@ -38,7 +38,7 @@ def main(argv=None) -> dict:
   p.add_argument('--drafts', default='draft,head')
   p.add_argument('--target', default='target')
   p.add_argument('--gamma', type=int, default=5)
-  p.add_argument('--bleu_n', type=int, default=200)
+  p.add_argument('--bleu_n', type=int, default=200, help='0: no BLEU (acceptance only)')
   p.add_argument('--alpha_n', type=int, default=64)
   p.add_argument('--max_new_tokens', type=int, default=96)
   p.add_argument('--batch', type=int, default=50)
@@ -88,8 +88,13 @@ def evaluate(a, smoke_root) -> dict:
       out += tok.batch_decode(np.asarray(o.tokens), skip_special_tokens=True)
     return out
 
+  def bleu(model):  # --bleu_n=0: acceptance only
+    if not a.bleu_n:
+      return float('nan')
+    return sacrebleu.corpus_bleu(translate(model, a.bleu_n), [ref[:a.bleu_n]]).score
+
   rows = [{'draft': 'target', 'kind': 'T5', 'params_m': param_count(target.config) / 1e6,
-           'bleu': sacrebleu.corpus_bleu(translate(target, a.bleu_n), [ref[:a.bleu_n]]).score}]
+           'bleu': bleu(target)}]
   ids = ids_of(src[:a.alpha_n])
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=a.max_new_tokens)
   for name in a.drafts.split(','):
@@ -101,7 +106,7 @@ def evaluate(a, smoke_root) -> dict:
     else:
       draft = specjax.load_t5(path)
       row = {'draft': name, 'kind': 'T5', 'params_m': param_count(draft.config) / 1e6,
-             'bleu': sacrebleu.corpus_bleu(translate(draft, a.bleu_n), [ref[:a.bleu_n]]).score}
+             'bleu': bleu(draft)}
     for temp, tag in ((0.0, 't0'), (1.0, 't1')):
       out = specjax.speculative_decode(target, draft, ids, gamma=a.gamma,
                                        max_new_tokens=a.max_new_tokens, temperature=temp,
