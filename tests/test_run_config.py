@@ -30,6 +30,7 @@ from configs import tiny  # pylint: disable=wrong-import-position
     ('matmul_precision', 'fp64', 'config.matmul_precision'),
     ('mesh_shape', (2, 0), 'config.mesh_shape'),
     ('local_data', '/nonexistent/file.jsonl', 'config.local_data'),
+    ('drafts', ('runs/a/export', 'runs/b/export/'), "config.drafts: 'runs/a/export' and"),
 ])
 def test_bad_values_name_the_field(field, value, needle):
   c = tiny.get_config()

@@ -97,6 +97,12 @@ def run_spec(cfg: Any) -> RunSpec:
 def _validate(spec: RunSpec):
   for field in ('drafts', 'tasks', 'gammas', 'temperatures', 'stops', 'verifiers'):
     require(len(getattr(spec, field)) > 0, field, 'a non-empty list', getattr(spec, field))
+  labels = {}
+  for draft in spec.drafts:  # results, tables and resume key cells by the label
+    first = labels.setdefault(spec.draft_label(draft), draft)
+    if first != draft:
+      raise ConfigError(f'config.drafts: {first!r} and {draft!r} share the name '
+                        f'{spec.draft_label(draft)!r} (the last path component); rename one')
   for task in spec.tasks:
     if task not in TASKS:
       raise ConfigError(f'config.tasks: unknown task {task!r}'
