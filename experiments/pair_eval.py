@@ -29,6 +29,17 @@ COLUMNS = [
 ]
 
 
+def by_position(accepted_hist_G1) -> list[float]:
+  """P(draft i accepted | drafts 1 .. i-1 accepted), i = 1 .. gamma, from the loop's histogram of
+  accepted counts: where acceptance falls off along the block (a head drafting from its own
+  predicted features beyond position 1, say). Iterations cut short by the token budget count as
+  if they had proposed gamma."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  reached = np.cumsum(np.asarray(accepted_hist_G1, np.float64)[::-1])[::-1]  # P(m >= i) * n
+  return [float(reached[i] / reached[i - 1]) if reached[i - 1] else float('nan')
+          for i in range(1, len(reached))]
+
+
 def resolve(name: str, root: str) -> str:
   return name if os.path.isdir(os.path.expanduser(name)) else os.path.join(root, name)
 
@@ -113,7 +124,8 @@ def evaluate(a, smoke_root) -> dict:
                                        rng=a.seed)
       s = out.stats
       row.update({f'alpha_{tag}': s.alpha, f'tpc_{tag}': s.tokens_per_target_call,
-                  f'accept_{tag}': s.acceptance_rate})
+                  f'accept_{tag}': s.acceptance_rate,
+                  f'by_pos_{tag}': by_position(np.asarray(s.accepted_hist).sum(0))})
       if temp == 0.0:
         row['same'] = bool((np.asarray(out.tokens) == np.asarray(base.tokens)).all())
     rows.append(row)
@@ -121,6 +133,10 @@ def evaluate(a, smoke_root) -> dict:
   print(f'\n{a.alpha_n} test verses (alpha), {a.bleu_n} (BLEU), gamma {a.gamma}, '
         f'{a.max_new_tokens} new tokens at most, seed {a.seed}')
   print(bc.markdown_table(rows, COLUMNS))
+  print('\nacceptance by draft position (given the ones before it were accepted), T = 0 | T = 1')
+  for r in rows[1:]:
+    print(f"{r['draft']}: " + ' '.join(f'{x:.2f}' for x in r['by_pos_t0']) + ' | '
+          + ' '.join(f'{x:.2f}' for x in r['by_pos_t1']))
   result = {'args': vars(a), 'rows': rows}
   bc.write_json(a.out, result)
   return result

@@ -36,4 +36,6 @@ def test_pair_eval_smoke(tmp_path, capsys):
   for name in ('draft', 'head'):
     assert rows[name]['same'] and 0 <= rows[name]['alpha_t1'] <= 1
     assert rows[name]['tpc_t0'] >= 1
+    assert len(rows[name]['by_pos_t1']) == result['args']['gamma']
+  assert __import__('pair_eval').by_position([2, 1, 1]) == [0.5, 0.5]  # m = 0 twice, 1 once, 2 once
   assert set(Path(tempfile.gettempdir()).glob('pair_eval_*')) == before  # cleaned up
