@@ -7,8 +7,8 @@ Greedy BLEU (sacrebleu, 13a) of the target and of every T5 draft on the first --
 verses; then for every draft (a T5 checkpoint or a feature-head directory; bare names are read
 under specjax/assets/tiny_pair): speculative_decode of the first --alpha_n test verses at
 T = 0 and T = 1, gamma --gamma, and the loop's statistics: alpha (the paper's
-E[sum_x min(p, q)] at the verified prefixes), tokens per target call, empirical acceptance, and
-whether greedy output equals autoregressive greedy. Counts, not timings: the load gate is not
+E[sum_x min(p, q)] at the verified prefixes), tokens per target call, empirical acceptance (also
+by draft position), and whether greedy output equals autoregressive greedy. Counts, not timings: the load gate is not
 needed for these figures (they do not depend on the machine), and the script prints none.
 """
 
