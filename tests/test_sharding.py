@@ -332,7 +332,7 @@ def test_cache_and_batch_specs():
   m = _abstract_mesh((2, 4))
   c = sh.cache_partition_spec(TARGET_A, m, batch_size=8)
   assert len(c.self_k) == len(c.cross_v) == TARGET_A.num_decoder_layers
-  assert c.self_k[0] == c.cross_v[1] == P('data', None, 'model', None)
+  assert c.self_k[0] == c.cross_v[1] == P('data', 'model', None, None)  # [B, H, T, Dk]
   assert c.enc_mask == P('data', None)
   c = sh.cache_partition_spec(TARGET_B, m, batch_size=3)  # 6 heads on 4, 3 rows on 2
   assert c.self_v[0] == P(None, None, None, None) and c.enc_mask == P(None, None)
@@ -451,8 +451,8 @@ def test_sharded_layouts_on_8_devices():
   assert s['B/2x4']['self_q'] == str(P(None, None))  # 6 heads
   # Caches: propagation already gives the cross cache batch x heads sharding; constrain_cache pins
   # every cache leaf (self cache included) to cache_partition_spec.
-  assert res['cache_propagated']['cross_k'] == str(P('data', None, 'model'))
-  assert res['cache_spec'] == str(P('data', None, 'model', None))
+  assert res['cache_propagated']['cross_k'] == str(P('data', 'model'))
+  assert res['cache_spec'] == str(P('data', 'model', None, None))
   assert res['cache_constrained_ok']
 
 

@@ -41,6 +41,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from specjax.models import cpu_kernels
 from specjax.models.t5 import T5Config, T5Model, init_params
 
 __all__ = ['RULES', 'load_t5', 'load_tokenizer', 'save_t5', 'read_config', 'checkpoint_tensors',
@@ -582,11 +583,18 @@ def resolve_checkpoint(path_or_hub_id, allow_patterns=None, need_weights=True) -
 # ----------------------------------------------------------------------------- public API
 
 
-def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
+def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None, *, quantize: str | None = None,
+            cpu_kernel: bool | None = None) -> T5Model:
   """Loads a Hugging Face T5 checkpoint (directory or hub id): a T5Model with params in `dtype`.
 
   With `mesh` (specjax.models.sharding.make_mesh), params are placed sharded as they are read.
+  `cpu_kernel` (None: on a single CPU device when the kernel builds): also keep the decoder's
+  weights packed for the CPU decode kernel (`T5Model.pack`, specjax.models.cpu_kernels).
+  `quantize` ('bfloat16' or 'int8'): the decoder's matrices and head hold quantized values (the
+  model is then the quantized target, on every path); the packed copy streams them as stored.
   """
+  if quantize not in (None, 'float32', 'bfloat16', 'int8'):
+    raise ValueError(f"load_t5: quantize={quantize!r}: expected None, 'bfloat16' or 'int8'")
   directory = resolve_checkpoint(path_or_hub_id)
   config = read_config(directory)
   sharding_fn = None
@@ -598,7 +606,14 @@ def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None) -> T5Model:
   with checkpoint_tensors(directory) as source:
     params, _ = convert_state_dict(config, source, dtype=dtype, sharding_fn=sharding_fn)
   config = dataclasses.replace(config, tie_word_embeddings='lm_head' not in params)
-  return T5Model(params=params, config=config)
+  model = T5Model(params=params, config=config)
+  if cpu_kernel is None:
+    cpu_kernel = mesh is None and jax.default_backend() == 'cpu' and cpu_kernels.available()
+  if cpu_kernel and not cpu_kernels.available():
+    raise ValueError(f'load_t5: cpu_kernel=True but {cpu_kernels.status()}')
+  if cpu_kernel:
+    return model.pack(quantize)
+  return model if quantize in (None, 'float32') else model.pack(quantize).unpack()
 
 
 def load_tokenizer(path_or_hub_id):

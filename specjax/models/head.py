@@ -121,27 +121,23 @@ def param_count(config: HeadConfig) -> int:
 
 @struct.dataclass
 class HeadCache:
-  """The head's self-attention keys/values [B, T, H, Dk], valid below each row's length."""
+  """The head's self-attention keys/values [B, H, T, Dk] (head-major, as the target's caches),
+  valid below each row's length."""
   self_k: jax.Array
   self_v: jax.Array
 
   @property
   def max_len(self) -> int:
-    return self.self_k.shape[1]
+    return self.self_k.shape[2]
 
 
 def init_cache(config: HeadConfig, batch: int, max_len: int, dtype=jnp.float32) -> HeadCache:
-  z = jnp.zeros((batch, max_len, config.num_heads, config.d_kv), dtype)
+  z = jnp.zeros((batch, config.num_heads, max_len, config.d_kv), dtype)
   return HeadCache(self_k=z, self_v=z)
 
 
-def _heads(x_BxKxI, heads: int, d_kv: int):
-  b, k, _ = x_BxKxI.shape
-  return x_BxKxI.reshape(b, k, heads, d_kv)
-
-
 def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxDf,
-          cross_k_BxSxHcxDkc, cross_v_BxSxHcxDkc, enc_mask_BxS, tokens_BxK, features_BxKxDf,
+          cross_k_BxHcxSxDkc, cross_v_BxHcxSxDkc, enc_mask_BxS, tokens_BxK, features_BxKxDf,
           lengths_B):
   """Feeds K positions per row at offsets lengths_B (written into the cache there).
 
@@ -163,15 +159,15 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   visible_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
   bias = bias + jnp.where(visible_BxKxT[:, None], 0.0, t5.NEG_INF)
   h = t5.rms_norm(x, params['self_norm'], eps)
-  heads = lambda y: _heads(y, config.num_heads, config.d_kv)  # noqa: E731
+  heads = lambda y: t5.split_heads(y, config.num_heads, config.d_kv)  # noqa: E731
   q = heads(h @ params['self_q'])
   ck = t5.write_rows(cache.self_k, heads(h @ params['self_k']), lengths_B)
   cv = t5.write_rows(cache.self_v, heads(h @ params['self_v']), lengths_B)
   x = x + t5.attend(q, ck, cv, bias) @ params['self_o']
   h = t5.rms_norm(x, params['cross_norm'], eps)
-  q = _heads(h @ params['cross_q'], config.cross_heads, config.cross_d_kv)
+  q = t5.split_heads(h @ params['cross_q'], config.cross_heads, config.cross_d_kv)
   cross_bias = jnp.where(enc_mask_BxS[:, None, None, :], 0.0, t5.NEG_INF).astype(jnp.float32)
-  x = x + t5.attend(q, cross_k_BxSxHcxDkc.astype(dtype), cross_v_BxSxHcxDkc.astype(dtype),
+  x = x + t5.attend(q, cross_k_BxHcxSxDkc.astype(dtype), cross_v_BxHcxSxDkc.astype(dtype),
                     cross_bias) @ params['cross_o']
   h = t5.rms_norm(x, params['ffn_norm'], eps)
   x = x + (jax.nn.gelu(h @ params['wi_0'], approximate=True) * (h @ params['wi_1'])) @ params['wo']

@@ -28,7 +28,7 @@ names a *logical* axis per dimension; `LOGICAL_AXIS_RULES` maps logical axes to 
     rel_bias [NB, H]    ('buckets', 'rel_heads')  -> heads over 'model'
     norms    [D]        ('embed',)                -> replicated
     batch axes of input_ids and caches            -> 'data'
-    caches   [B, T|S, H, Dk]  ('batch', 'length', 'kv_heads', 'kv')
+    caches   [B, H, T|S, Dk]  ('batch', 'kv_heads', 'length', 'kv')
 
 Divisibility fallback: a dimension is sharded only if it divides evenly over its mesh axis,
 otherwise that dimension is replicated (the rest of the spec is kept). For the three heads axes
@@ -274,7 +274,7 @@ def _batch_axis(mesh: Mesh, batch_size: int | None):
 
 
 def cache_partition_spec(config: T5Config, mesh: Mesh, batch_size: int | None = None) -> DecoderCache:
-  """A DecoderCache of PartitionSpecs: [B, T|S, H, Dk] -> ('data', None, 'model', None), enc_mask [B, S] -> ('data', None).
+  """A DecoderCache of PartitionSpecs: [B, H, T|S, Dk] -> ('data', 'model', None, None), enc_mask [B, S] -> ('data', None).
 
   Heads fall back to replicated when num_heads does not divide over 'model', the batch when
   `batch_size` does not divide over 'data'.
@@ -282,7 +282,7 @@ def cache_partition_spec(config: T5Config, mesh: Mesh, batch_size: int | None = 
   _check_mesh(mesh)
   b = _batch_axis(mesh, batch_size)
   h = MODEL if mesh.shape[MODEL] > 1 and config.num_heads % mesh.shape[MODEL] == 0 else None
-  kv = P(b, None, h, None)
+  kv = P(b, h, None, None)
   n = config.num_decoder_layers
   return DecoderCache(self_k=(kv,) * n, self_v=(kv,) * n, cross_k=(kv,) * n, cross_v=(kv,) * n,
                       enc_mask=P(b, None))

@@ -21,6 +21,11 @@ Decoding uses per-row lengths: a block of K tokens for row b is written at cache
 lengths[b] .. lengths[b]+K-1. Rolling back is calling with a smaller length: entries past a row's
 length are masked out and overwritten later. The caller sizes the cache (`max_len`) so that
 lengths + K <= max_len always holds (XLA's dynamic_update_slice would clamp silently otherwise).
+
+Caches are head-major ([B, H, T, Dk]) so that attention reads them without a per-step transpose.
+On CPU, a model may carry its decoder weights a second time in the packed layout of
+`specjax.models.cpu_kernels` (`T5Model.pack`): decode steps of up to MAX_ROWS token rows then stream
+each weight once, whatever the block length (one fused matmul for q/k/v, one for the FFN's input).
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import struct
+
+from specjax.models import cpu_kernels
 
 Params = dict[str, Any]
 
@@ -192,27 +199,67 @@ def position_bias(table_NBxH, q_pos_BxQ, k_pos_BxT, *, bidirectional, config: T5
   return jnp.transpose(bias_BxQxTxH, (0, 3, 1, 2))
 
 
-def _heads(x_BxLxHDk, config):
+def split_heads(x_BxLxHDk, heads: int, d_kv: int):
+  """[B, L, H*Dk] -> head-major [B, H, L, Dk] (the layout of the caches and of `attend`)."""
   b, l, _ = x_BxLxHDk.shape
-  return x_BxLxHDk.reshape(b, l, config.num_heads, config.d_kv)
+  return x_BxLxHDk.reshape(b, l, heads, d_kv).transpose(0, 2, 1, 3)
 
 
-def attend(q_BxQxHxDk, k_BxTxHxDk, v_BxTxHxDk, bias_BxHxQxT):
-  """T5 attention: no 1/sqrt(d) scaling, float32 scores and softmax."""
-  scores = jnp.einsum('bqhd,bthd->bhqt', q_BxQxHxDk, k_BxTxHxDk,
+def _heads(x_BxLxHDk, config):
+  return split_heads(x_BxLxHDk, config.num_heads, config.d_kv)
+
+
+def attend(q_BxHxQxDk, k_BxHxTxDk, v_BxHxTxDk, bias_BxHxQxT):
+  """T5 attention: no 1/sqrt(d) scaling, float32 scores and softmax. Returns [B, Q, H*Dk].
+
+  Head-major operands: XLA:CPU then runs both products without transposing K or V (with
+  [B, T, H, Dk] caches it copied every layer's K and V each step, ~17% of a decode step)."""
+  scores = jnp.einsum('bhqd,bhtd->bhqt', q_BxHxQxDk, k_BxHxTxDk,
                       preferred_element_type=jnp.float32) + bias_BxHxQxT
-  weights = jax.nn.softmax(scores, axis=-1).astype(v_BxTxHxDk.dtype)
-  out = jnp.einsum('bhqt,bthd->bqhd', weights, v_BxTxHxDk)
+  weights = jax.nn.softmax(scores, axis=-1).astype(v_BxHxTxDk.dtype)
+  out = jnp.einsum('bhqt,bhtd->bqhd', weights, v_BxHxTxDk)
   b, q, h, d = out.shape
   return out.reshape(b, q, h * d)
 
 
-def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0):
+def attend_fast(q_BxQxHDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT, config: T5Config, fast):
+  """`attend` for a decode step: the CPU kernel (query rows as the projection returns them, one
+  call for all heads) when the model runs packed and the cache is float32, else XLA."""
+  if (fast is not None and k_BxHxTxDk.dtype == jnp.float32
+      and _rows(q_BxQxHDk) <= cpu_kernels.MAX_ROWS):
+    b, q, _ = q_BxQxHDk.shape
+    q_BxQxHxDk = q_BxQxHDk.reshape(b, q, config.num_heads, config.d_kv)
+    return cpu_kernels.attention(q_BxQxHxDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT)
+  return attend(_heads(q_BxQxHDk, config), k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT)
+
+
+def dense(x_xI, layer: Params, fast: Params | None, name: str):
+  """x @ layer[name], through the packed CPU kernel when the model carries packed weights and the
+  block is small (cpu_kernels.MAX_ROWS rows), else XLA's dot on the canonical weight."""
+  if fast is not None and name in fast and _rows(x_xI) <= cpu_kernels.MAX_ROWS:
+    return cpu_kernels.matmul(x_xI, fast[name]).astype(x_xI.dtype)
+  return x_xI @ layer[name]
+
+
+def _rows(x) -> int:
+  return math.prod(x.shape[:-1])
+
+
+def _fast_split(x_xI, layer, fast, fused: str, names: tuple[str, ...]):
+  """The products x @ layer[n] for n in names: one fused packed matmul (`fast[fused]`, the
+  weights side by side) on the kernel path, separate dots otherwise."""
+  if fast is not None and fused in fast and _rows(x_xI) <= cpu_kernels.MAX_ROWS:
+    return jnp.split(dense(x_xI, layer, fast, fused), len(names), axis=-1)
+  return [x_xI @ layer[n] for n in names]
+
+
+def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0, fast=None):
   if config.gated:
-    h = jax.nn.gelu(x @ layer['wi_0'], approximate=True) * (x @ layer['wi_1'])
+    a, b = _fast_split(x, layer, fast, 'wi', ('wi_0', 'wi_1'))
+    h = jax.nn.gelu(a, approximate=True) * b
   else:
-    h = jax.nn.relu(x @ layer['wi'])
-  return _drop(dropout, h, site) @ layer['wo']
+    h = jax.nn.relu(dense(x, layer, fast, 'wi'))
+  return dense(_drop(dropout, h, site), layer, fast, 'wo')
 
 
 # ----------------------------------------------------------------------------- encoder
@@ -245,8 +292,8 @@ def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | N
 class DecoderCache:
   """Decoder state for one batch of sources. Per layer l:
 
-  self_k[l], self_v[l]:   [B, T, H, Dk]  self-attention keys/values, valid below each row's length
-  cross_k[l], cross_v[l]: [B, S, H, Dk]  cross-attention keys/values, computed once from the encoder
+  self_k[l], self_v[l]:   [B, H, T, Dk]  self-attention keys/values, valid below each row's length
+  cross_k[l], cross_v[l]: [B, H, S, Dk]  cross-attention keys/values, computed once from the encoder
   enc_mask:               [B, S] bool    source positions that are not padding
   """
   self_k: tuple
@@ -257,7 +304,7 @@ class DecoderCache:
 
   @property
   def max_len(self) -> int:
-    return self.self_k[0].shape[1]
+    return self.self_k[0].shape[2]
 
 
 def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
@@ -266,7 +313,7 @@ def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
   enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS, dropout)
   b = input_ids_BxS.shape[0]
   dtype = params['shared'].dtype
-  zeros = jnp.zeros((b, max_len, config.num_heads, config.d_kv), dtype)
+  zeros = jnp.zeros((b, config.num_heads, max_len, config.d_kv), dtype)
   cross_k, cross_v = [], []
   for layer in params['decoder']['layers']:
     cross_k.append(_heads(enc_BxSxD @ layer['cross_k'], config))
@@ -276,24 +323,26 @@ def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
                       cross_v=tuple(cross_v), enc_mask=mask_BxS)
 
 
-def write_rows(cache_BxTxHxDk, new_BxKxHxDk, lengths_B):
+def write_rows(cache_BxHxTxDk, new_BxHxKxDk, lengths_B):
   """Writes each row's block at its own offset (per-row dynamic_update_slice)."""
   def write(c, n, start):
-    return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (start, 0, 0))
-  return jax.vmap(write)(cache_BxTxHxDk, new_BxKxHxDk, lengths_B)
+    return jax.lax.dynamic_update_slice(c, n.astype(c.dtype), (0, start, 0))
+  return jax.vmap(write)(cache_BxHxTxDk, new_BxHxKxDk, lengths_B)
 
 
-def output_logits(params: Params, config: T5Config, x_BxKxD):
+def output_logits(params: Params, config: T5Config, x_BxKxD, packed: Params | None = None):
   """Final head in float32: tied heads use the embedding (and original T5 scales by d_model**-0.5)."""
   if config.scale_logits:
     x_BxKxD = x_BxKxD * (config.d_model ** -0.5)
+  if packed is not None and _rows(x_BxKxD) <= cpu_kernels.MAX_ROWS:
+    return cpu_kernels.matmul(x_BxKxD, packed['lm_head'])
   if config.tie_word_embeddings:
     return jnp.einsum('bkd,vd->bkv', x_BxKxD, params['shared'], preferred_element_type=jnp.float32)
   return jnp.einsum('bkd,dv->bkv', x_BxKxD, params['lm_head'], preferred_element_type=jnp.float32)
 
 
 def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
-                  dropout: Dropout | None = None):
+                  dropout: Dropout | None = None, packed: Params | None = None):
   """Decoder block without the head: hidden states [B, K, D] and the updated cache."""
   b, k = tokens_BxK.shape
   t = cache.max_len
@@ -304,13 +353,14 @@ def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_
                             bidirectional=False, config=config)
   causal_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
   self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, NEG_INF)
-  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias, dropout)
+  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias, dropout, packed)
 
 
 def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, write_B,
-                   self_bias_BxHxKxT, dropout: Dropout | None = None):
+                   self_bias_BxHxKxT, dropout: Dropout | None = None, packed: Params | None = None):
   """The decoder layers over a block whose keys/values are written at per-row offsets write_B,
-  with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache."""
+  with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache.
+  `packed` (`pack_decoder`): the same weights in the CPU kernel's layout."""
   dec = params['decoder']
   cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, NEG_INF).astype(jnp.float32)
   x = _drop(dropout, params['shared'][tokens_BxK], 1000)
@@ -318,19 +368,21 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
   eps = config.layer_norm_epsilon
   for i, layer in enumerate(dec['layers']):
     site = 1001 + 4 * i
+    fast = None if packed is None else packed['layers'][i]
     h = rms_norm(x, layer['self_norm'], eps)
-    q = _heads(h @ layer['self_q'], config)
-    ck = write_rows(cache.self_k[i], _heads(h @ layer['self_k'], config), write_B)
-    cv = write_rows(cache.self_v[i], _heads(h @ layer['self_v'], config), write_B)
+    q, k, v = _fast_split(h, layer, fast, 'self_qkv', ('self_q', 'self_k', 'self_v'))
+    ck = write_rows(cache.self_k[i], _heads(k, config), write_B)
+    cv = write_rows(cache.self_v[i], _heads(v, config), write_B)
     new_k.append(ck)
     new_v.append(cv)
-    x = x + _drop(dropout, attend(q, ck, cv, self_bias_BxHxKxT) @ layer['self_o'], site)
+    att = attend_fast(q, ck, cv, self_bias_BxHxKxT, config, fast)
+    x = x + _drop(dropout, dense(att, layer, fast, 'self_o'), site)
     h = rms_norm(x, layer['cross_norm'], eps)
-    q = _heads(h @ layer['cross_q'], config)
-    x = x + _drop(dropout, attend(q, cache.cross_k[i], cache.cross_v[i], cross_bias)
-                  @ layer['cross_o'], site + 1)
+    q = dense(h, layer, fast, 'cross_q')
+    att = attend_fast(q, cache.cross_k[i], cache.cross_v[i], cross_bias, config, fast)
+    x = x + _drop(dropout, dense(att, layer, fast, 'cross_o'), site + 1)
     h = rms_norm(x, layer['ffn_norm'], eps)
-    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 2), site + 3)
+    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 2, fast), site + 3)
   x = _drop(dropout, rms_norm(x, dec['final_norm'], eps), 1999)
   return x, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
 
@@ -367,7 +419,7 @@ def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1
 
 
 def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
-                depth_M1, anc_M1xM1, offset: int = 0):
+                depth_M1, anc_M1xM1, offset: int = 0, packed: Params | None = None):
   """Feeds tree nodes offset .. offset+K-1 (tokens_BxK) of the tree rooted at slot lengths_B.
 
   depth_M1 [M1] int: each node's depth (root 0); anc_M1xM1 [M1, M1] bool: anc[j, i] iff node i is
@@ -379,8 +431,9 @@ def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_Bx
   lengths_B = jnp.asarray(lengths_B, jnp.int32)
   k = tokens_BxK.shape[1]
   bias = tree_self_bias(params, config, cache.max_len, lengths_B, depth_M1, anc_M1xM1, offset, k)
-  x, cache = _decoder_stack(params, config, cache, tokens_BxK, lengths_B + offset, bias)
-  return output_logits(params, config, x), cache
+  x, cache = _decoder_stack(params, config, cache, tokens_BxK, lengths_B + offset, bias,
+                            packed=packed)
+  return output_logits(params, config, x, packed), cache
 
 
 def gather_path(cache: DecoderCache, lengths_B, path_BxJ) -> DecoderCache:
@@ -389,30 +442,32 @@ def gather_path(cache: DecoderCache, lengths_B, path_BxJ) -> DecoderCache:
   overwrite). Slots past the accepted length hold leftovers, masked by the next call's length."""
   lengths_B = jnp.asarray(lengths_B, jnp.int32)
 
-  def move(c_TxHxDk, start, path_J):
-    rows = jnp.take(c_TxHxDk, jnp.clip(start + path_J, 0, c_TxHxDk.shape[0] - 1), axis=0)
-    return jax.lax.dynamic_update_slice_in_dim(c_TxHxDk, rows, start, axis=0)
+  def move(c_HxTxDk, start, path_J):
+    rows = jnp.take(c_HxTxDk, jnp.clip(start + path_J, 0, c_HxTxDk.shape[1] - 1), axis=1)
+    return jax.lax.dynamic_update_slice_in_dim(c_HxTxDk, rows, start, axis=1)
 
   fix = jax.vmap(move)
   return cache.replace(self_k=tuple(fix(c, lengths_B, path_BxJ) for c in cache.self_k),
                        self_v=tuple(fix(c, lengths_B, path_BxJ) for c in cache.self_v))
 
 
-def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
+           packed: Params | None = None):
   """Feeds a block of K tokens per row at per-row offsets `lengths_B`.
 
   Returns float32 logits [B, K, V] (position j predicts the token after tokens_BxK[:, j]) and the
   cache with the block's keys/values written. Requires lengths_B + K <= cache.max_len.
   """
-  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B)
-  return output_logits(params, config, x), cache
+  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B, packed=packed)
+  return output_logits(params, config, x, packed), cache
 
 
-def decode_features(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B):
+def decode_features(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
+                    packed: Params | None = None):
   """`decode` that also returns the final hidden states [B, K, D] the logits were made from (for
   drafts that read the target's features; the same one pass)."""
-  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B)
-  return output_logits(params, config, x), x, cache
+  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B, packed=packed)
+  return output_logits(params, config, x, packed), x, cache
 
 
 def shift_right(labels_BxT, config: T5Config):
@@ -439,18 +494,88 @@ def teacher_forced_logits(params: Params, config: T5Config, input_ids_BxS, decod
   return output_logits(params, config, x)
 
 
+# ----------------------------------------------------------------------------- packed weights
+
+DENSE = ('self_q', 'self_k', 'self_v', 'self_o', 'cross_q', 'cross_o', 'wi', 'wi_0', 'wi_1', 'wo')
+
+
+def quantize_decoder(params: Params, config: T5Config, weights: str) -> Params:
+  """Params whose decoder matrices and output head hold the values `weights` stores
+  (cpu_kernels.quantize: int8 per output column, or bf16), as float32 in the params' dtype: the
+  quantized target, which the packed kernel computes exactly and XLA's path reproduces."""
+  if weights == 'float32':
+    return params
+
+  def q(w_KxN):
+    stored, scale = cpu_kernels.quantize(w_KxN, weights)
+    return (stored.astype(jnp.float32) * scale).astype(w_KxN.dtype)
+
+  dec = params['decoder']
+  layers = [{n: q(w) if n in DENSE else w for n, w in layer.items()} for layer in dec['layers']]
+  out = {**params, 'decoder': {**dec, 'layers': layers}}
+  if config.tie_word_embeddings:  # the head is the embedding: quantized per vocabulary row
+    out['shared'] = q(params['shared'].T).T
+  else:
+    out['lm_head'] = q(params['lm_head'])
+  return out
+
+
+def pack_decoder(params: Params, config: T5Config, weights: str = 'float32') -> Params:
+  """The decoder's matrices and head in the CPU kernel's layout (cpu_kernels.pack), q/k/v side by
+  side in one matrix and the gated FFN's wi_0/wi_1 in another, so a step makes 6 products per
+  layer. {'layers': [{'self_qkv', 'self_o', 'cross_q', 'cross_o', 'wi', 'wo'}], 'lm_head'}."""
+  def one(layer):
+    wi = (jnp.concatenate([layer['wi_0'], layer['wi_1']], 1) if config.gated else layer['wi'])
+    qkv = jnp.concatenate([layer['self_q'], layer['self_k'], layer['self_v']], 1)
+    mats = {'self_qkv': qkv, 'self_o': layer['self_o'], 'cross_q': layer['cross_q'],
+            'cross_o': layer['cross_o'], 'wi': wi, 'wo': layer['wo']}
+    return {n: cpu_kernels.pack(w, weights) for n, w in mats.items()}
+  head = params['shared'].T if config.tie_word_embeddings else params['lm_head']
+  return {'layers': [one(layer) for layer in params['decoder']['layers']],
+          'lm_head': cpu_kernels.pack(head, weights)}
+
+
 # ----------------------------------------------------------------------------- model handle
 
 
 @struct.dataclass
 class T5Model:
-  """A T5 model: static config plus a params pytree. A pytree itself, so it can enter jit."""
+  """A T5 model: static config plus a params pytree. A pytree itself, so it can enter jit.
+
+  `packed` (None, or `pack_decoder`'s pytree): the decoder's weights a second time in the CPU
+  kernel's layout, used by decode steps of few token rows (`T5Model.pack`). Everything else
+  (encoder, teacher forcing, training, checkpoints) reads `params`."""
   params: Params
   config: T5Config = struct.field(pytree_node=False)
+  packed: Params | None = None
 
   @property
   def dtype(self):
     return self.params['shared'].dtype
+
+  @property
+  def weights(self) -> str:
+    """What the packed decode weights store ('float32', 'bfloat16', 'int8'), or 'xla'."""
+    return 'xla' if self.packed is None else self.packed['lm_head'].weights
+
+  def pack(self, weights: str | None = None) -> 'T5Model':
+    """This model with packed decode weights for the CPU kernel (cpu_kernels), if it is built.
+
+    `weights`: 'float32' (default; 'bfloat16' for a bf16 model), 'bfloat16' or 'int8' also
+    replaces the decoder's matrices and head in `params` by their quantized values, so every path
+    computes the same (quantized) target. Without the kernel only that replacement happens."""
+    if weights is None:
+      weights = 'bfloat16' if self.dtype == jnp.bfloat16 else 'float32'
+    if weights not in cpu_kernels.WEIGHTS:
+      raise ValueError(f'weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
+    params = quantize_decoder(self.params, self.config, weights)
+    packed = pack_decoder(params, self.config, weights) if cpu_kernels.available() else None
+    return T5Model(params=params, config=self.config, packed=packed)
+
+  def unpack(self) -> 'T5Model':
+    """This model on XLA's dots (the packed copy dropped; quantized values stay)."""
+    return T5Model(params=self.params, config=self.config)
+
 
   def logits(self, input_ids, decoder_input_ids):
     return _jit_logits(self, jnp.asarray(input_ids, jnp.int32),
@@ -463,16 +588,29 @@ class T5Model:
     return init_cache(self.params, self.config, input_ids, max_len)
 
   def decode(self, cache, tokens, lengths):
-    return decode(self.params, self.config, cache, tokens, lengths)
+    return decode(self.params, self.config, cache, tokens, lengths, self.packed)
 
   def decode_features(self, cache, tokens, lengths):
-    return decode_features(self.params, self.config, cache, tokens, lengths)
+    return decode_features(self.params, self.config, cache, tokens, lengths, self.packed)
 
   def decode_tree(self, cache, tokens, lengths, depth, anc, offset: int = 0):
-    return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset)
+    return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset,
+                       self.packed)
 
   def astype(self, dtype) -> 'T5Model':
-    return self.replace(params=jax.tree.map(lambda p: p.astype(dtype), self.params))
+    new = T5Model(params=jax.tree.map(lambda p: p.astype(dtype), self.params), config=self.config)
+    return new if self.packed is None else new.pack()
+
+
+def _replace(self: T5Model, **updates) -> T5Model:
+  """dataclasses.replace; new params re-pack a packed copy, which would be stale otherwise."""
+  new = dataclasses.replace(self, **updates)
+  if 'params' in updates and 'packed' not in updates and self.packed is not None:
+    new = new.unpack().pack(self.weights)
+  return new
+
+
+T5Model.replace = _replace  # flax.struct installs its own `replace` after the class body
 
 
 @jax.jit

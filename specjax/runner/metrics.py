@@ -18,6 +18,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from specjax import ops
+
 
 def expected_tokens_per_call(alpha: float, gamma: int) -> float:
   """E[tokens per target call] = (1 - alpha^(gamma+1)) / (1 - alpha)  (Eq. 1)."""
@@ -117,7 +119,7 @@ def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
   def body_fn(_, carry):
     cache, tokens_BxK = carry
     logits_BxKxV, cache = model.decode(cache, tokens_BxK, lengths_B)
-    return cache, jnp.argmax(logits_BxKxV, axis=-1).astype(jnp.int32)
+    return cache, ops.argmax(logits_BxKxV)
   return jax.lax.fori_loop(0, steps, body_fn, (cache, tokens_BxK))[1]
 
 

@@ -1,0 +1,251 @@
+"""CPU kernels of the decode step (cpu_kernels.cc): a small-M matmul over packed weights, and
+attention of a few query rows against a cache.
+
+Shape legend: M rows (batch x tokens fed), K input features, N output features, P panels of
+PANEL output columns; B batch, Q query rows, H heads, T keys, Dk head width.
+
+A decode step multiplies a few token rows by every weight of the decoder. On XLA:CPU that cost
+1.4-2.6 one-token steps for a gamma+1-token verification block; `matmul` streams each packed
+weight once for any M up to `MAX_ROWS`, so a block costs about one step (docs/performance.md).
+The kernel is C++ against XLA's FFI, compiled on first use with the host's C++ compiler for the
+host's CPU (`-march=native`; AVX2+FMA or AVX-512) and cached in ~/.cache/specjax/kernels. Without
+a compiler, on another CPU architecture, or with SPECJAX_CPU_KERNEL=0, `available()` is False and
+models keep XLA's dots (one notice per process says why); SPECJAX_CPU_KERNEL=1 makes that an error.
+
+Why C++ of our own: no maintained library offers a weight-streaming small-M matmul callable from
+inside a compiled XLA:CPU loop (XLA's own dot and YNNPACK paths are what we measured against).
+
+Quantized weights (`pack(w, 'int8' | 'bfloat16')`) stream 4x / 2x fewer bytes; the arithmetic
+stays float32, so the model computes exactly `x @ unpack(w)`: exactness is then with respect to
+the quantized target (`quantize` returns the weights it stands for).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+PANEL = 32         # output columns per panel: the layout contract with cpu_kernels.cc
+MAX_ROWS = 64      # larger M (prefill, teacher forcing, wide refill) uses XLA's GEMM
+TARGET = 'specjax_packed_matmul'
+ATTENTION = 'specjax_attention'
+ENV = 'SPECJAX_CPU_KERNEL'
+CFLAGS_ENV = 'SPECJAX_CPU_KERNEL_CFLAGS'
+WEIGHTS = ('float32', 'bfloat16', 'int8')
+SOURCE = Path(__file__).with_name('cpu_kernels.cc')
+
+
+@struct.dataclass
+class Packed:
+  """One weight matrix W [K, N] in the kernel's layout.
+
+  data [P, K, PANEL]: data[p, k, j] = W[k, p*PANEL + j] / scale (zero past N), float32,
+                      bfloat16 or int8
+  scale [P*PANEL]:    float32 per output column (ones unless int8)
+  """
+  data: jax.Array
+  scale: jax.Array
+  n: int = struct.field(pytree_node=False)
+
+  @property
+  def k(self) -> int:
+    return self.data.shape[1]
+
+  @property
+  def weights(self) -> str:
+    return {jnp.dtype(jnp.int8): 'int8', jnp.dtype(jnp.bfloat16): 'bfloat16'}.get(
+        jnp.dtype(self.data.dtype), 'float32')
+
+
+def quantize(w_KxN, weights: str = 'float32'):
+  """(stored values [K, N], scale [N]) with W' = stored * scale the weights that will be used.
+
+  int8: symmetric per output column, scale = max|W[:, n]| / 127; bfloat16: W rounded to bf16."""
+  w = jnp.asarray(w_KxN, jnp.float32)
+  n = w.shape[1]
+  if weights == 'int8':
+    scale_N = jnp.max(jnp.abs(w), axis=0) / 127.0
+    scale_N = jnp.where(scale_N > 0, scale_N, 1.0)
+    return jnp.clip(jnp.round(w / scale_N), -127, 127).astype(jnp.int8), scale_N
+  if weights == 'bfloat16':
+    return w.astype(jnp.bfloat16), jnp.ones((n,), jnp.float32)
+  if weights == 'float32':
+    return w, jnp.ones((n,), jnp.float32)
+  raise ValueError(f'weights={weights!r}: expected one of {WEIGHTS}')
+
+
+def pack(w_KxN, weights: str = 'float32') -> Packed:
+  """W [K, N] in the kernel's panel layout, quantized as `weights` says."""
+  stored_KxN, scale_N = quantize(w_KxN, weights)
+  k, n = stored_KxN.shape
+  p = -(-n // PANEL)
+  pad = p * PANEL - n
+  stored_KxN = jnp.pad(stored_KxN, ((0, 0), (0, pad)))
+  data = stored_KxN.reshape(k, p, PANEL).transpose(1, 0, 2)
+  scale = jnp.pad(scale_N, (0, pad), constant_values=1.0)
+  return Packed(data=data, scale=scale.astype(jnp.float32), n=n)
+
+
+def unpack(w: Packed):
+  """The float32 W [K, N] that `w` stands for (stored * scale): the XLA reference of `matmul`."""
+  p, k, _ = w.data.shape
+  full = w.data.astype(jnp.float32).transpose(1, 0, 2).reshape(k, p * PANEL) * w.scale
+  return full[:, :w.n]
+
+
+def matmul(x_xK, w: Packed):
+  """x [..., K] @ W -> float32 [..., N]: the kernel when built and M <= MAX_ROWS, else XLA."""
+  *lead, k = x_xK.shape
+  m = int(np.prod(lead)) if lead else 1
+  if k != w.k:
+    raise ValueError(f'matmul: x has {k} features, the packed weight {w.k}')
+  if m > MAX_ROWS or not available():
+    return jnp.einsum('...k,kn->...n', x_xK.astype(jnp.float32), unpack(w))
+  out = _kernel(x_xK.reshape(m, k).astype(jnp.float32), w.data, w.scale, w.n)
+  return out.reshape(*lead, w.n)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _kernel(x_MxK, data, scale, n):
+  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
+                          vmap_method='expand_dims')
+  return call(x_MxK, data, scale)
+
+
+@_kernel.defjvp
+def _kernel_jvp(n, primals, tangents):
+  """Bilinear: the tangent is dx @ W + x @ dW through XLA's dots (so reverse mode transposes it),
+  W = stored * scale, dW = d(stored) * scale + stored * d(scale); int8 storage has no tangent."""
+  x, data, scale = primals
+  dx, ddata, dscale = tangents
+  out = _kernel(x, data, scale, n)
+  tangent = dx @ unpack(Packed(data=data, scale=scale, n=n))
+  if jnp.issubdtype(data.dtype, jnp.floating):
+    tangent = tangent + x @ unpack(Packed(data=ddata, scale=scale, n=n))
+  tangent = tangent + x @ unpack(Packed(data=data, scale=dscale, n=n))
+  return out, tangent
+
+
+def attention(q_BxQxHxDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT):
+  """T5 attention (no 1/sqrt(d) scaling) of few query rows, float32 -> [B, Q, H*Dk].
+
+  bias [B|1, H|1, Q|1, T] (relative positions plus masks; size-1 dims broadcast). The same math
+  as `t5.attend`, in one kernel call for all heads (the softmax's exp is a ~1-ulp polynomial)."""
+  if not available():
+    raise RuntimeError(f'cpu_kernels.attention: {status()}')
+  b, q, h, d = q_BxQxHxDk.shape
+  bias = bias_xHxQxT.astype(jnp.float32)
+  bias = bias.reshape((1,) * (4 - bias.ndim) + bias.shape)
+  call = jax.ffi.ffi_call(ATTENTION, jax.ShapeDtypeStruct((b, q, h, d), jnp.float32),
+                          vmap_method='sequential')
+  out = call(q_BxQxHxDk.astype(jnp.float32), k_BxHxTxDk.astype(jnp.float32),
+             v_BxHxTxDk.astype(jnp.float32), bias)
+  return out.reshape(b, q, h * d)
+
+
+# ----------------------------------------------------------------------------- build and load
+
+
+def _cpu_flags() -> set[str]:
+  try:
+    with open('/proc/cpuinfo', encoding='utf-8') as f:
+      for line in f:
+        if line.startswith('flags'):
+          return set(line.split(':', 1)[1].split())
+  except OSError:
+    pass
+  return set()
+
+
+def cache_dir() -> Path:
+  base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+  return Path(base) / 'specjax' / 'kernels'
+
+
+def _compiler() -> str | None:
+  for name in (os.environ.get('CXX'), 'c++', 'g++', 'clang++'):
+    if name and shutil.which(name):
+      return shutil.which(name)
+  return None
+
+
+def build() -> Path:
+  """Compiles cpu_kernels.cc for this host (once; cached by source, jaxlib, compiler and CPU)."""
+  cxx = _compiler()
+  if cxx is None:
+    raise RuntimeError('no C++ compiler found (set CXX, or install g++)')
+  flags = _cpu_flags()
+  if not ({'avx2', 'fma'} <= flags or 'avx512f' in flags):
+    raise RuntimeError('the CPU has neither AVX2+FMA nor AVX-512')
+  version = subprocess.run([cxx, '--version'], capture_output=True, text=True, check=False).stdout
+  extra = os.environ.get(CFLAGS_ENV, '').split()  # e.g. -march=x86-64-v3 (tests the AVX2 path)
+  key = hashlib.sha256('\0'.join([
+      SOURCE.read_text(), jax.__version__, importlib.metadata.version('jaxlib'), version,
+      ' '.join(sorted(flags)), platform.machine(), ' '.join(extra)]).encode()).hexdigest()[:16]
+  out = cache_dir() / f'cpu_kernels-{key}.so'
+  if out.is_file():
+    return out
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(prefix='.cpu_kernels-', suffix='.so', dir=out.parent)
+  os.close(fd)
+  cmd = [cxx, '-O3', '-march=native', '-std=c++17', '-shared', '-fPIC', '-w', *extra,
+         '-I', jax.ffi.include_dir(), str(SOURCE), '-o', tmp]
+  done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  if done.returncode != 0:
+    os.unlink(tmp)
+    first = (done.stderr.strip().splitlines() or ['(no output)'])[0]
+    raise RuntimeError(f'compiling {SOURCE.name} failed: {first}')
+  os.replace(tmp, out)
+  return out
+
+
+@functools.cache
+def _load() -> str | None:
+  """None when the kernel is registered with XLA, else the reason it is not (once a process)."""
+  setting = os.environ.get(ENV, '').strip()
+  if setting == '0':
+    return f'{ENV}=0'
+  reason = None
+  if platform.machine().lower() not in ('x86_64', 'amd64'):
+    reason = f'{platform.machine()} is not an x86-64 CPU'
+  else:
+    try:
+      lib = ctypes.cdll.LoadLibrary(str(build()))
+      jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul),
+                                  platform='cpu')
+      jax.ffi.register_ffi_target(ATTENTION, jax.ffi.pycapsule(lib.SpecjaxAttention),
+                                  platform='cpu')
+    except (OSError, RuntimeError, AttributeError) as e:
+      reason = str(e).splitlines()[0]
+  if reason is not None and setting == '1':
+    raise RuntimeError(f'specjax CPU kernel unavailable ({ENV}=1): {reason}')
+  if reason is not None:
+    print(f'specjax: CPU decode kernel off ({reason}); using XLA dots', file=sys.stderr)
+  return reason
+
+
+def available() -> bool:
+  """Whether `matmul` runs the packed kernel (builds and registers it on first call)."""
+  return _load() is None
+
+
+def status() -> str:
+  """One line for run records: 'packed kernel (avx512)' or why XLA's dots are used."""
+  reason = _load()
+  if reason is not None:
+    return f'xla ({reason})'
+  return 'packed kernel (' + ('avx512' if 'avx512f' in _cpu_flags() else 'avx2') + ')'
