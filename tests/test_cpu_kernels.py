@@ -1,0 +1,274 @@
+"""The CPU decode kernels (specjax/models/cpu_kernels.{cc,py}) against XLA's own arithmetic.
+
+Shapes: M rows, K input features, N output features, B batch, Q query rows, H heads, T keys.
+
+What must hold: the packed matmul and the decode attention compute what `x @ W` and `t5.attend`
+compute (float64 references, float32 tolerances); every output row is the same whatever the
+number of rows computed with it (bitwise); a packed model decodes like the same model on XLA's
+dots (logits close, greedy tokens identical to plain greedy decoding), also when its weights are
+quantized (then both paths compute the quantized target); the AVX2 build agrees with the
+reference too; without the kernel everything runs on XLA with a one-line notice.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import specjax
+from specjax import testing
+from specjax.models import cpu_kernels, t5
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f'CPU kernel unavailable: {cpu_kernels.status()}')
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _rel_err(out, ref):
+  ref = np.asarray(ref, np.float64)
+  return float(np.max(np.abs(np.asarray(out, np.float64) - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+
+# ----------------------------------------------------------------------------- matmul
+
+
+@pytest.mark.parametrize('weights', cpu_kernels.WEIGHTS)
+@pytest.mark.parametrize('k,n', [(64, 100), (37, 65), (512, 32)])
+def test_matmul_matches_reference_and_rows_are_independent(weights, k, n):
+  rng = np.random.default_rng(k + n)
+  w = cpu_kernels.pack(jnp.asarray(rng.normal(size=(k, n)), jnp.float32), weights)
+  w_ref = np.asarray(cpu_kernels.unpack(w), np.float64)
+  x = jnp.asarray(rng.normal(size=(64, k)), jnp.float32)
+  full = np.asarray(jax.jit(cpu_kernels.matmul)(x, w))
+  assert full.shape == (64, n)
+  assert _rel_err(full, np.asarray(x, np.float64) @ w_ref) < 2e-6
+  for m in (1, 3, 8, 13):  # any row count, any row tile: bitwise the same rows
+    part = np.asarray(jax.jit(cpu_kernels.matmul)(x[:m], w))
+    np.testing.assert_array_equal(part, full[:m])
+
+
+def test_quantize_stores_what_unpack_returns():
+  rng = np.random.default_rng(0)
+  w = jnp.asarray(rng.normal(size=(40, 70)), jnp.float32)
+  q8 = cpu_kernels.pack(w, 'int8')
+  assert q8.data.dtype == jnp.int8 and q8.weights == 'int8' and q8.data.shape == (3, 40, 32)
+  scale = np.max(np.abs(np.asarray(w)), axis=0) / 127
+  err = np.abs(np.asarray(cpu_kernels.unpack(q8)) - np.asarray(w))
+  assert (err <= scale / 2 * (1 + 1e-5)).all()
+  bf = cpu_kernels.unpack(cpu_kernels.pack(w, 'bfloat16'))
+  np.testing.assert_array_equal(np.asarray(bf), np.asarray(w.astype(jnp.bfloat16), np.float32))
+  np.testing.assert_array_equal(np.asarray(cpu_kernels.unpack(cpu_kernels.pack(w))), np.asarray(w))
+  with pytest.raises(ValueError, match='weights='):
+    cpu_kernels.pack(w, 'int4')
+
+
+def test_matmul_differentiates_and_vmaps():
+  rng = np.random.default_rng(1)
+  w_kn = jnp.asarray(rng.normal(size=(24, 40)), jnp.float32)
+  w = cpu_kernels.pack(w_kn)
+  x = jnp.asarray(rng.normal(size=(3, 2, 24)), jnp.float32)
+  out = jax.vmap(lambda r: cpu_kernels.matmul(r, w))(x)
+  np.testing.assert_allclose(out, x @ w_kn, rtol=1e-5, atol=1e-5)
+  g = jax.grad(lambda r: jnp.sum(jnp.sin(cpu_kernels.matmul(r, w))))(x[0])
+  g_ref = jax.grad(lambda r: jnp.sum(jnp.sin(r @ w_kn)))(x[0])
+  np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- attention
+
+
+@pytest.mark.parametrize('b,q,h,d,t', [(1, 1, 8, 64, 46), (2, 6, 8, 64, 45), (3, 5, 2, 8, 17)])
+def test_attention_matches_attend(b, q, h, d, t):
+  rng = np.random.default_rng(b * q + t)
+  q_ = jnp.asarray(rng.normal(size=(b, q, h, d)), jnp.float32)
+  k_ = jnp.asarray(rng.normal(size=(b, h, t, d)), jnp.float32)
+  v_ = jnp.asarray(rng.normal(size=(b, h, t, d)), jnp.float32)
+  bias = jnp.asarray(rng.normal(size=(b, h, q, t)), jnp.float32)
+  bias = bias.at[..., t // 2:].set(t5.NEG_INF)  # masked keys get exactly zero weight
+  ref = t5.attend(q_.transpose(0, 2, 1, 3), k_, v_, bias)
+  out = jax.jit(cpu_kernels.attention)(q_, k_, v_, bias)
+  assert _rel_err(out, ref) < 2e-6
+  one = jax.jit(cpu_kernels.attention)(q_[:, :1], k_, v_, bias[:, :, :1])
+  np.testing.assert_array_equal(np.asarray(one), np.asarray(out[:, :1]))
+  mask = jnp.where(jnp.arange(t) < t - 2, 0.0, t5.NEG_INF)[None, None, None, :]  # broadcast
+  ref = t5.attend(q_.transpose(0, 2, 1, 3), k_, v_, jnp.broadcast_to(mask, (b, h, q, t)))
+  assert _rel_err(jax.jit(cpu_kernels.attention)(q_, k_, v_, mask), ref) < 2e-6
+
+
+# ----------------------------------------------------------------------------- models
+
+
+def _target(family):
+  config = testing.tiny_config(family, d_model=32, d_kv=16, d_ff=48, vocab_size=70)
+  if config.gated:
+    params = testing.spread_params(t5.init_params(config, jax.random.PRNGKey(1), scale=2.0), 1)
+  else:
+    params = testing.spread_params(t5.init_params(config, jax.random.PRNGKey(1), scale=4.0), 1,
+                                   emb=0.5, final_norm=8.0)
+  return t5.T5Model(params=params, config=config)
+
+
+def _prompts(batch=4, s=6, vocab=70, seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(2, vocab, (batch, s)).astype(np.int32)
+  ids[1, 4:] = 0  # ragged
+  return ids
+
+
+@pytest.fixture(scope='module', params=['original', 'v11'])
+def models(request):
+  target = _target(request.param)
+  return target, target.pack()
+
+
+def test_packed_decode_matches_xla_and_blocks_match_single_steps(models):
+  target, packed = models
+  assert target.packed is None and packed.packed is not None and packed.weights == 'float32'
+  ids = jnp.asarray(_prompts())
+  lengths = jnp.array([0, 3, 5, 2], jnp.int32)
+  toks = jnp.asarray(np.random.default_rng(3).integers(2, 70, (4, 6)), jnp.int32)
+  cache = jax.jit(target.init_cache, static_argnums=1)(ids, 16)
+  ref, _ = jax.jit(target.decode)(cache, toks, lengths)
+  blk, _ = jax.jit(packed.decode)(cache, toks, lengths)
+  assert _rel_err(blk, ref) < 1e-5
+  c, steps = cache, []
+  for j in range(toks.shape[1]):  # the same block fed one token at a time
+    lg, c = jax.jit(packed.decode)(c, toks[:, j:j + 1], lengths + j)
+    steps.append(lg)
+  steps = jnp.concatenate(steps, 1)
+  assert float(jnp.max(jnp.abs(steps - blk))) < 1e-5 * float(jnp.max(jnp.abs(blk)))
+  np.testing.assert_array_equal(np.asarray(steps.argmax(-1)), np.asarray(blk.argmax(-1)))
+
+
+@pytest.mark.parametrize('gamma', [1, 4])
+def test_packed_greedy_is_token_identical(models, gamma):
+  target, packed = models
+  draft = testing.add_noise(target, 0.1, seed=5).pack()
+  ids = _prompts()
+  base = specjax.autoregressive_decode(target, ids, max_new_tokens=12)
+  fast = specjax.autoregressive_decode(packed, ids, max_new_tokens=12)
+  spec = specjax.speculative_decode(packed, draft, ids, gamma=gamma, max_new_tokens=12)
+  np.testing.assert_array_equal(fast.tokens, base.tokens)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)
+
+
+@pytest.mark.parametrize('weights', ['int8', 'bfloat16'])
+def test_quantized_target_is_one_model_on_both_paths(models, weights):
+  target, _ = models
+  quant = target.pack(weights)
+  assert quant.weights == weights
+  assert quant.packed['lm_head'].data.dtype == (jnp.int8 if weights == 'int8' else jnp.bfloat16)
+  xla = quant.unpack()  # the same (quantized) values in params, on XLA's dots
+  moved = float(jnp.max(jnp.abs(xla.params['decoder']['layers'][0]['wo']
+                                - target.params['decoder']['layers'][0]['wo'])))
+  assert moved > 0  # the weights really are quantized
+  ids = _prompts()
+  base = specjax.autoregressive_decode(xla, ids, max_new_tokens=12)
+  spec = specjax.speculative_decode(quant, testing.add_noise(target, 0.1, seed=5).pack(), ids,
+                                    gamma=3, max_new_tokens=12)
+  np.testing.assert_array_equal(spec.tokens, base.tokens)
+  ids_j = jnp.asarray(ids)
+  cache = quant.init_cache(ids_j, 8)
+  toks = jnp.asarray(np.full((4, 3), 5, np.int32))
+  a, _ = jax.jit(quant.decode)(cache, toks, jnp.zeros(4, jnp.int32))
+  b, _ = jax.jit(xla.decode)(cache, toks, jnp.zeros(4, jnp.int32))
+  assert _rel_err(a, b) < 1e-5
+
+
+def test_replace_repacks_and_astype_keeps_the_kernel(models):
+  target, packed = models
+  new_params = testing.add_noise(target, 0.3, seed=9).params
+  moved = packed.replace(params=new_params)
+  assert moved.packed is not None
+  ids = jnp.asarray(_prompts())
+  cache = target.init_cache(ids, 8)
+  toks = jnp.full((4, 2), 7, jnp.int32)
+  zero = jnp.zeros(4, jnp.int32)
+  a, _ = moved.decode(cache, toks, zero)
+  b, _ = target.replace(params=new_params).decode(cache, toks, zero)
+  assert _rel_err(a, b) < 1e-5  # not the stale packed weights
+  assert packed.astype(jnp.float32).packed is not None
+
+
+def test_load_t5_packs_on_cpu_and_quantizes(tmp_path):
+  target = _target('v11')
+  specjax.save_t5(target, tmp_path / 'm')
+  auto = specjax.load_t5(tmp_path / 'm')
+  assert auto.packed is not None and auto.weights == 'float32'
+  assert specjax.load_t5(tmp_path / 'm', cpu_kernel=False).packed is None
+  q = specjax.load_t5(tmp_path / 'm', quantize='int8', cpu_kernel=False)
+  assert q.packed is None
+  w = q.params['lm_head']
+  stored, scale = cpu_kernels.quantize(w, 'int8')
+  np.testing.assert_allclose(w, stored.astype(jnp.float32) * scale, rtol=1e-6)
+  assert specjax.load_t5(tmp_path / 'm', quantize='int8').weights == 'int8'
+  with pytest.raises(ValueError, match='quantize='):
+    specjax.load_t5(tmp_path / 'm', quantize='fp8')
+
+
+# ----------------------------------------------------------------------------- builds
+
+
+def _run(code, **env):
+  full = {**os.environ, **env}
+  return subprocess.run([sys.executable, '-c', textwrap.dedent(code)], capture_output=True,
+                        text=True, env=full, cwd=REPO, timeout=300, check=False)
+
+
+@pytest.mark.skipif('avx2' not in cpu_kernels._cpu_flags(), reason='no AVX2 on this CPU')  # pylint: disable=protected-access
+def test_avx2_build_matches_reference(tmp_path):
+  """The AVX2+FMA variant (what a CPU without AVX-512 builds) computes the same."""
+  done = _run('''
+      import numpy as np, jax, jax.numpy as jnp
+      from specjax.models import cpu_kernels, t5
+      assert cpu_kernels.available(), cpu_kernels.status()
+      rng = np.random.default_rng(0)
+      for weights in cpu_kernels.WEIGHTS:
+        w = cpu_kernels.pack(jnp.asarray(rng.normal(size=(37, 70)), jnp.float32), weights)
+        x = jnp.asarray(rng.normal(size=(11, 37)), jnp.float32)
+        ref = np.asarray(x, np.float64) @ np.asarray(cpu_kernels.unpack(w), np.float64)
+        out = np.asarray(cpu_kernels.matmul(x, w))
+        assert np.max(np.abs(out - ref)) < 2e-6 * np.max(np.abs(ref)), weights
+        np.testing.assert_array_equal(np.asarray(cpu_kernels.matmul(x[:1], w)), out[:1])
+      q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
+                 for s in ((2, 3, 4, 24), (2, 4, 19, 24), (2, 4, 19, 24)))
+      bias = jnp.zeros((2, 4, 3, 19)).at[..., 15:].set(t5.NEG_INF)
+      ref = t5.attend(q.transpose(0, 2, 1, 3), k, v, bias)
+      assert float(jnp.max(jnp.abs(cpu_kernels.attention(q, k, v, bias) - ref))) < 1e-5
+      print('ok', cpu_kernels.build().name)
+      ''', SPECJAX_CPU_KERNEL_CFLAGS='-march=x86-64-v3', XDG_CACHE_HOME=str(tmp_path),
+      JAX_PLATFORMS='cpu')
+  assert done.returncode == 0 and 'ok' in done.stdout, done.stderr[-2000:]
+
+
+def test_without_the_kernel_models_use_xla(tmp_path):
+  code = '''
+      import specjax
+      from specjax import data
+      from specjax.models import cpu_kernels
+      print(cpu_kernels.status())
+      target = specjax.load_t5(data.TINY_PAIR_DIR / 'draft')
+      print('packed' if target.packed is not None else 'xla')
+      '''
+  off = _run(code, SPECJAX_CPU_KERNEL='0', XDG_CACHE_HOME=str(tmp_path))
+  assert off.returncode == 0, off.stderr[-2000:]
+  assert off.stdout.split() == ['xla', '(SPECJAX_CPU_KERNEL=0)', 'xla']
+  assert 'kernel' not in off.stderr  # asked for: no notice
+  # No compiler: XLA's dots, and one line that says why.
+  nocc = _run(code, XDG_CACHE_HOME=str(tmp_path), CXX='', PATH=str(tmp_path))
+  assert nocc.returncode == 0, nocc.stderr[-2000:]
+  assert nocc.stdout.split()[-1] == 'xla'
+  assert 'specjax: CPU decode kernel off (no C++ compiler found (set CXX, or install g++)); ' \
+         'using XLA dots' in nocc.stderr
+  # No compiler, and the kernel demanded: one clear error.
+  forced = _run(code, SPECJAX_CPU_KERNEL='1', XDG_CACHE_HOME=str(tmp_path), CXX='',
+                PATH=str(tmp_path))
+  assert forced.returncode != 0
+  assert 'specjax CPU kernel unavailable (SPECJAX_CPU_KERNEL=1): no C++ compiler found' in (
+      forced.stderr)
