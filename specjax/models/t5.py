@@ -520,6 +520,13 @@ def quantize_decoder(params: Params, config: T5Config, weights: str) -> Params:
   return out
 
 
+def _bf16_exact(params: Params) -> bool:
+  """Whether every decoder matrix and the head hold bfloat16 values (storing them so is exact)."""
+  mats = [w for layer in params['decoder']['layers'] for n, w in layer.items() if n in DENSE]
+  mats.append(params.get('lm_head', params['shared']))
+  return all(bool(jnp.all(w.astype(jnp.bfloat16).astype(w.dtype) == w)) for w in mats)
+
+
 def pack_decoder(params: Params, config: T5Config, weights: str = 'float32') -> Params:
   """The decoder's matrices and head in the CPU kernel's layout (cpu_kernels.pack), q/k/v side by
   side in one matrix and the gated FFN's wi_0/wi_1 in another, so a step makes 6 products per
@@ -561,11 +568,13 @@ class T5Model:
   def pack(self, weights: str | None = None) -> 'T5Model':
     """This model with packed decode weights for the CPU kernel (cpu_kernels), if it is built.
 
-    `weights`: 'float32' (default; 'bfloat16' for a bf16 model), 'bfloat16' or 'int8' also
-    replaces the decoder's matrices and head in `params` by their quantized values, so every path
-    computes the same (quantized) target. Without the kernel only that replacement happens."""
+    `weights`: 'bfloat16' or 'int8' also replace the decoder's matrices and head in `params` by
+    their quantized values, so every path computes the same (quantized) target; without the
+    kernel only that replacement happens. Default: 'bfloat16' when that loses nothing (a bf16
+    model, or float32 weights that all are bf16 values, as checkpoints saved in bf16 load), which
+    halves the bytes a step streams; else 'float32'."""
     if weights is None:
-      weights = 'bfloat16' if self.dtype == jnp.bfloat16 else 'float32'
+      weights = 'bfloat16' if self.dtype == jnp.bfloat16 or _bf16_exact(self.params) else 'float32'
     if weights not in cpu_kernels.WEIGHTS:
       raise ValueError(f'weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
     params = quantize_decoder(self.params, self.config, weights)
