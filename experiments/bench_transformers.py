@@ -5,7 +5,7 @@
 
 Refuses (exit 3) on a loaded machine unless --allow-loaded (bench_common: the load gate).
 
-Four rows per model pair, on the same test verses one at a time (batch 1), greedy:
+Rows per model pair, on the same test verses one at a time (batch 1), greedy:
 
   transformers greedy     target.generate(do_sample=False, num_beams=1)
   transformers assisted   target.generate(assistant_model=draft) with the assistant's generation
@@ -17,6 +17,13 @@ Four rows per model pair, on the same test verses one at a time (batch 1), greed
                           plus one target token. (The assistant still stops a block at EOS.)
   specjax autoregressive  decoding.autoregressive_decode, one compiled while_loop
   specjax speculative     decoding.speculative_decode(gamma), one compiled while_loop
+  ctranslate2 greedy      CTranslate2 (the CPU inference engine translation users deploy) on the
+                          same weights converted by its own converter, in a worker process
+                          (experiments/ct2_peer.py), float32 (`--ct2`); where it has a tokenizer
+  ... [int8] rows         with `--int8`: specjax's int8-weight target (load_t5(quantize='int8'))
+                          and CTranslate2's int8 compute type; each int8 scheme is its own target,
+                          so these rows are checked against specjax's int8 greedy tokens and
+                          CTranslate2's int8 row reports the share of identical sequences
 
 and a check that all of them produce identical tokens for every prompt. Each row is the median
 over `repeats` rounds of decoding all prompts, rounds interleaved (A B C D A B C D ...) after one
@@ -38,13 +45,16 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+import ct2_peer  # noqa: E402  pylint: disable=wrong-import-position
 
 COLUMNS = [
     ('method', 'method', ''),
@@ -52,6 +62,7 @@ COLUMNS = [
     ('ms_per_seq', 'ms / sequence', '.2f'),
     ('vs_tf_greedy', 'x tf greedy', '.2f'),
     ('vs_tf_assisted', 'x tf assisted', '.2f'),
+    ('vs_ct2', 'x ctranslate2', '.2f'),
     ('first_round_s', 'warm-up round s', '.2f'),
     ('identical', 'same tokens', ''),
 ]
@@ -70,10 +81,18 @@ def parse_args(argv=None):
   p.add_argument('--torch_threads', default='0,1',
                  help='comma list of torch thread counts to time (0 = all cores, as XLA); each '
                       'gets its own transformers rows. Ratios use the fastest transformers row.')
+  p.add_argument('--ct2', default='float32',
+                 help="CTranslate2 compute types to time beside (comma list; '' for none): "
+                      'float32, int8')
+  p.add_argument('--int8', action='store_true',
+                 help='also time specjax with int8 weights (and CTranslate2 int8 if --ct2 has it)')
   a = bc.parse_bench_args(p, argv, smoke_help='random tiny pair, 2 prompts, 1 repeat')
   if a.smoke:
     a.pairs, a.n, a.max_new_tokens, a.repeats, a.gamma = 'smoke', 2, 12, 1, '3'
     a.torch_threads = '1'
+  if a.ct2 and not ct2_peer.available():
+    print('ctranslate2 is not installed (pip install ctranslate2): no CTranslate2 rows')
+    a.ct2 = ''
   return a
 
 
@@ -132,15 +151,16 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
       return outs
     return run
 
-  def jax_run(speculative):
+  def jax_run(speculative, tgt=target):
     def run():
       outs = []
       for x in jax_prompts:
         if speculative:
-          o = decoding.speculative_decode(target, draft, x, gamma=gamma, max_new_tokens=m)
-          stats.setdefault('spec', []).append(o.stats)
+          o = decoding.speculative_decode(tgt, draft, x, gamma=gamma, max_new_tokens=m)
+          if tgt is target:
+            stats.setdefault('spec', []).append(o.stats)
         else:
-          o = decoding.autoregressive_decode(target, x, max_new_tokens=m)
+          o = decoding.autoregressive_decode(tgt, x, max_new_tokens=m)
         outs.append(o)
       toks = [np.asarray(o.tokens[0, :int(o.lengths[0])]).tolist() for o in outs]
       return toks
@@ -154,6 +174,12 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
     fns[f'transformers assisted [{t} thr]'] = tf_run(True, t)
   fns['specjax autoregressive'] = jax_run(False)
   fns['specjax speculative'] = jax_run(True)
+  workers = add_ct2_rows(fns, args, tdir, ids, m, threads[0], log)
+  if args.int8:
+    from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
+    target_i8 = load_t5(str(tdir), quantize='int8')
+    fns['specjax autoregressive [int8]'] = jax_run(False, target_i8)
+    fns['specjax speculative [int8]'] = jax_run(True, target_i8)
   methods = list(fns)
   results = {k: None for k in methods}
 
@@ -163,24 +189,42 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
       return None
     return wrapped
 
-  timings = bc.interleave({k: keep(k, f) for k, f in fns.items()}, repeats=args.repeats)
+  try:
+    timings = bc.interleave({k: keep(k, f) for k, f in fns.items()}, repeats=args.repeats)
+  finally:
+    for w in workers.values():
+      w.close()
+  for k, w in workers.items():  # the worker's own clock (no pipe), as the JAX rows time theirs
+    timings[k]['times_s'] = list(w.seconds)
+    timings[k]['median_s'] = statistics.median(w.seconds)
   torch.set_num_threads(threads[0])
   ref = results[methods[0]]
+  refs = {k: results['specjax autoregressive [int8]'] if '[int8]' in k else ref for k in methods}
   n_tokens = sum(len(x) for x in ref)
   rows = []
   for k in methods:
     t = timings[k]['median_s']
-    rows.append({'method': k, 'tokens_per_s': n_tokens / t, 'ms_per_seq': 1e3 * t / len(ids),
+    n_k = sum(len(x) for x in results[k])
+    if k == 'ctranslate2 greedy [int8]':  # its own int8 scheme: the share of equal sequences
+      same = f'{sum(a == b for a, b in zip(results[k], refs[k])) / len(ids):.0%} seqs'
+    else:
+      same = results[k] == refs[k]
+    rows.append({'method': k, 'tokens_per_s': n_k / t, 'ms_per_seq': 1e3 * t / len(ids),
                  'median_s': t, 'times_s': timings[k]['times_s'],
-                 'first_round_s': timings[k]['first_s'], 'identical': results[k] == ref,
-                 'tokens': n_tokens})
+                 'first_round_s': timings[k]['first_s'], 'identical': same, 'tokens': n_k})
   # Ratios against the FASTEST transformers configuration (conservative for specjax).
   tf_g = min(r['median_s'] for r in rows if r['method'].startswith('transformers greedy'))
   tf_a = min(r['median_s'] for r in rows if r['method'].startswith('transformers assisted'))
   for r in rows:
     r['vs_tf_greedy'] = tf_g / r['median_s']
     r['vs_tf_assisted'] = tf_a / r['median_s']
-  mismatches = [(i, k) for k in methods for i, (a, b) in enumerate(zip(results[k], ref)) if a != b]
+  for r in rows:  # tokens/s over CTranslate2's with the same kind of weights
+    peer = next((x for x in rows if x['method'].startswith('ctranslate2')
+                 and ('[int8]' in x['method']) == ('[int8]' in r['method'])), None)
+    if peer is not None and r['method'].startswith('specjax'):
+      r['vs_ct2'] = r['tokens_per_s'] / peer['tokens_per_s']
+  mismatches = [(i, k) for k, r in zip(methods, rows) if isinstance(r['identical'], bool)
+                for i, (a, b) in enumerate(zip(results[k], refs[k])) if a != b]
   last = stats.get('spec', [])[-len(ids):]
   emitted = sum(int(np.sum(s.emitted)) for s in last)
   calls = sum(int(np.sum(s.target_calls)) for s in last)
@@ -212,6 +256,33 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
       f"vs {threads[0]} threads); identical tokens in all {len(methods)} rows: "
       f"{'yes' if not mismatches else 'NO ' + str(mismatches[:5])}")
   return record
+
+
+def add_ct2_rows(fns, args, tdir, ids, max_new: int, threads: int, log) -> dict:
+  """CTranslate2 rows (one worker process per compute type) for a pair with a tokenizer; the
+  workers' own round times replace the pipe-inclusive ones after timing."""
+  types = [t for t in args.ct2.split(',') if t and (t != 'int8' or args.int8 or 'int8' in args.ct2)]
+  tok = bc.load_tokenizer_for(tdir) if types else None
+  if not types or tok is None or not (Path(tdir) / 'tokenizer.json').is_file():
+    if types:
+      log('no CTranslate2 rows for this pair: its checkpoint has no tokenizer to convert')
+    return {}
+  model_dir = ct2_peer.convert(tdir, bc.cache_dir())
+  sources = [tok.convert_ids_to_tokens(x) for x in ids]
+  workers = {}
+  for ct in types:
+    name = 'ctranslate2 greedy' + (' [int8]' if ct == 'int8' else '')
+    w = workers[name] = ct2_peer.Worker(model_dir, ct, threads, max_new)
+    w.seconds = []
+
+    def run(w=w):
+      secs, outs = w.round(sources)
+      w.seconds.append(secs)
+      return [tok.convert_tokens_to_ids(o) for o in outs]
+    fns[name] = run
+  log(f'CTranslate2 {ct2_peer.version()}: {", ".join(types)}; {threads} threads, ISA '
+      f'{next(iter(workers.values())).isa}; model converted in {model_dir.name}')
+  return workers
 
 
 def main(argv=None) -> dict:
