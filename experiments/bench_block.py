@@ -102,13 +102,13 @@ def step_bytes(model, batch: int, cache_len: int, k: int) -> int:
   import numpy as np  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
   cfg = model.config
-  if model.packed is not None:
-    weights = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(model.packed))
+  if model.packed is not None:  # the decoder's packed matrices and head (not the encoder's)
+    step = {'layers': model.packed['layers'], 'lm_head': model.packed['lm_head']}
+    weights = sum(int(np.prod(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(step))
   else:
-    from specjax.models import t5  # pylint: disable=import-outside-toplevel
     dec = model.params['decoder']['layers']
     weights = sum(int(np.prod(w.shape)) * 4 for layer in dec for n, w in layer.items()
-                  if n in t5.DENSE)
+                  if w.ndim == 2 and n not in ('cross_k', 'cross_v'))
     weights += cfg.d_model * cfg.vocab_size * 4
   kv = 2 * cfg.num_decoder_layers * cfg.num_heads * cfg.d_kv * 4 * batch
   return weights + kv * (cache_len // 2 + k) + kv * SRC_LEN

@@ -265,8 +265,10 @@ def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0, fast=N
 # ----------------------------------------------------------------------------- encoder
 
 
-def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | None = None):
-  """Encoder output [B, S, D] (params dtype) and its key mask [B, S] (pad id masked)."""
+def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | None = None,
+           packed: Params | None = None):
+  """Encoder output [B, S, D] (params dtype) and its key mask [B, S] (pad id masked).
+  `packed` (`pack_model`): the same weights in the CPU kernels' layout."""
   enc = params['encoder']
   mask_BxS = input_ids_BxS != config.pad_token_id
   x = _drop(dropout, params['shared'][input_ids_BxS], 0)
@@ -276,11 +278,13 @@ def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | N
   bias = bias + jnp.where(mask_BxS[:, None, None, :], 0.0, NEG_INF)
   for i, layer in enumerate(enc['layers']):
     site = 1 + 3 * i
+    fast = None if packed is None else packed['encoder'][i]
     h = rms_norm(x, layer['attn_norm'], config.layer_norm_epsilon)
-    q, k, v = (_heads(h @ layer[n], config) for n in ('q', 'k', 'v'))
-    x = x + _drop(dropout, attend(q, k, v, bias) @ layer['o'], site)
+    q, k, v = _fast_split(h, layer, fast, 'qkv', ('q', 'k', 'v'))
+    att = attend_fast(q, _heads(k, config), _heads(v, config), bias, config, fast)
+    x = x + _drop(dropout, dense(att, layer, fast, 'o'), site)
     h = rms_norm(x, layer['ffn_norm'], config.layer_norm_epsilon)
-    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 1), site + 2)
+    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 1, fast), site + 2)
   out = rms_norm(x, enc['final_norm'], config.layer_norm_epsilon)
   return _drop(dropout, out, 999), mask_BxS
 
@@ -308,16 +312,21 @@ class DecoderCache:
 
 
 def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
-               dropout: Dropout | None = None) -> DecoderCache:
+               dropout: Dropout | None = None, packed: Params | None = None) -> DecoderCache:
   """Runs the encoder once and returns an empty decoder cache of `max_len` target positions."""
-  enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS, dropout)
+  enc_BxSxD, mask_BxS = encode(params, config, input_ids_BxS, dropout, packed)
   b = input_ids_BxS.shape[0]
   dtype = params['shared'].dtype
   zeros = jnp.zeros((b, config.num_heads, max_len, config.d_kv), dtype)
-  cross_k, cross_v = [], []
-  for layer in params['decoder']['layers']:
-    cross_k.append(_heads(enc_BxSxD @ layer['cross_k'], config))
-    cross_v.append(_heads(enc_BxSxD @ layer['cross_v'], config))
+  layers = params['decoder']['layers']
+  if packed is not None and _rows(enc_BxSxD) <= cpu_kernels.MAX_ROWS:
+    # Every layer's cross keys and values in one product (`pack_model`'s 'cross_kv').
+    kv = jnp.split(cpu_kernels.matmul(enc_BxSxD, packed['cross_kv']).astype(enc_BxSxD.dtype),
+                   2 * len(layers), axis=-1)
+  else:
+    kv = [enc_BxSxD @ layer[n] for layer in layers for n in ('cross_k', 'cross_v')]
+  cross_k = [_heads(y, config) for y in kv[0::2]]
+  cross_v = [_heads(y, config) for y in kv[1::2]]
   n = config.num_decoder_layers
   return DecoderCache(self_k=(zeros,) * n, self_v=(zeros,) * n, cross_k=tuple(cross_k),
                       cross_v=tuple(cross_v), enc_mask=mask_BxS)
@@ -360,7 +369,7 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
                    self_bias_BxHxKxT, dropout: Dropout | None = None, packed: Params | None = None):
   """The decoder layers over a block whose keys/values are written at per-row offsets write_B,
   with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache.
-  `packed` (`pack_decoder`): the same weights in the CPU kernel's layout."""
+  `packed` (`pack_model`): the same weights in the CPU kernel's layout."""
   dec = params['decoder']
   cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, NEG_INF).astype(jnp.float32)
   x = _drop(dropout, params['shared'][tokens_BxK], 1000)
@@ -496,13 +505,14 @@ def teacher_forced_logits(params: Params, config: T5Config, input_ids_BxS, decod
 
 # ----------------------------------------------------------------------------- packed weights
 
-DENSE = ('self_q', 'self_k', 'self_v', 'self_o', 'cross_q', 'cross_o', 'wi', 'wi_0', 'wi_1', 'wo')
+DENSE = ('self_q', 'self_k', 'self_v', 'self_o', 'cross_q', 'cross_k', 'cross_v', 'cross_o',
+         'q', 'k', 'v', 'o', 'wi', 'wi_0', 'wi_1', 'wo')  # the matrices of both stacks
 
 
-def quantize_decoder(params: Params, config: T5Config, weights: str) -> Params:
-  """Params whose decoder matrices and output head hold the values `weights` stores
+def quantize_matrices(params: Params, config: T5Config, weights: str) -> Params:
+  """Params whose matrices (both stacks) and output head hold the values `weights` stores
   (cpu_kernels.quantize: int8 per output column, or bf16), as float32 in the params' dtype: the
-  quantized target, which the packed kernel computes exactly and XLA's path reproduces."""
+  quantized target, which the packed kernels compute exactly and XLA's path reproduces."""
   if weights == 'float32':
     return params
 
@@ -510,9 +520,11 @@ def quantize_decoder(params: Params, config: T5Config, weights: str) -> Params:
     stored, scale = cpu_kernels.quantize(w_KxN, weights)
     return (stored.astype(jnp.float32) * scale).astype(w_KxN.dtype)
 
-  dec = params['decoder']
-  layers = [{n: q(w) if n in DENSE else w for n, w in layer.items()} for layer in dec['layers']]
-  out = {**params, 'decoder': {**dec, 'layers': layers}}
+  out = dict(params)
+  for stack in ('encoder', 'decoder'):
+    layers = [{n: q(w) if n in DENSE else w for n, w in layer.items()}
+              for layer in params[stack]['layers']]
+    out[stack] = {**params[stack], 'layers': layers}
   if config.tie_word_embeddings:  # the head is the embedding: quantized per vocabulary row
     out['shared'] = q(params['shared'].T).T
   else:
@@ -521,24 +533,37 @@ def quantize_decoder(params: Params, config: T5Config, weights: str) -> Params:
 
 
 def _bf16_exact(params: Params) -> bool:
-  """Whether every decoder matrix and the head hold bfloat16 values (storing them so is exact)."""
-  mats = [w for layer in params['decoder']['layers'] for n, w in layer.items() if n in DENSE]
+  """Whether every matrix and the head hold bfloat16 values (storing them so is exact)."""
+  mats = [w for stack in ('encoder', 'decoder') for layer in params[stack]['layers']
+          for n, w in layer.items() if n in DENSE]
   mats.append(params.get('lm_head', params['shared']))
   return all(bool(jnp.all(w.astype(jnp.bfloat16).astype(w.dtype) == w)) for w in mats)
 
 
-def pack_decoder(params: Params, config: T5Config, weights: str = 'float32') -> Params:
-  """The decoder's matrices and head in the CPU kernel's layout (cpu_kernels.pack), q/k/v side by
-  side in one matrix and the gated FFN's wi_0/wi_1 in another, so a step makes 6 products per
-  layer. {'layers': [{'self_qkv', 'self_o', 'cross_q', 'cross_o', 'wi', 'wo'}], 'lm_head'}."""
-  def one(layer):
-    wi = (jnp.concatenate([layer['wi_0'], layer['wi_1']], 1) if config.gated else layer['wi'])
-    qkv = jnp.concatenate([layer['self_q'], layer['self_k'], layer['self_v']], 1)
-    mats = {'self_qkv': qkv, 'self_o': layer['self_o'], 'cross_q': layer['cross_q'],
-            'cross_o': layer['cross_o'], 'wi': wi, 'wo': layer['wo']}
+def pack_model(params: Params, config: T5Config, weights: str = 'float32') -> Params:
+  """The matrices and head in the CPU kernels' layout (cpu_kernels.pack), q/k/v side by side in
+  one matrix and the gated FFN's wi_0/wi_1 in another, so a decoder step makes 6 products per
+  layer, and every decoder layer's cross-attention keys/values in one matrix (one product per
+  source). {'encoder': [{'qkv', 'o', 'wi', 'wo'}], 'cross_kv',
+  'layers': [{'self_qkv', 'self_o', 'cross_q', 'cross_o', 'wi', 'wo'}], 'lm_head'}."""
+  def ffn(layer):
+    return {'wi': jnp.concatenate([layer['wi_0'], layer['wi_1']], 1) if config.gated
+                  else layer['wi'], 'wo': layer['wo']}
+
+  def pack_all(mats):
     return {n: cpu_kernels.pack(w, weights) for n, w in mats.items()}
+
+  enc = [pack_all({'qkv': jnp.concatenate([layer['q'], layer['k'], layer['v']], 1),
+                   'o': layer['o'], **ffn(layer)}) for layer in params['encoder']['layers']]
+  dec_layers = params['decoder']['layers']
+  dec = [pack_all({'self_qkv': jnp.concatenate([layer[n] for n in ('self_q', 'self_k', 'self_v')],
+                                               1),
+                   'self_o': layer['self_o'], 'cross_q': layer['cross_q'],
+                   'cross_o': layer['cross_o'], **ffn(layer)}) for layer in dec_layers]
+  cross_kv = jnp.concatenate([layer[n] for layer in dec_layers for n in ('cross_k', 'cross_v')],
+                             1)
   head = params['shared'].T if config.tie_word_embeddings else params['lm_head']
-  return {'layers': [one(layer) for layer in params['decoder']['layers']],
+  return {'encoder': enc, 'cross_kv': cpu_kernels.pack(cross_kv, weights), 'layers': dec,
           'lm_head': cpu_kernels.pack(head, weights)}
 
 
@@ -549,7 +574,7 @@ def pack_decoder(params: Params, config: T5Config, weights: str = 'float32') -> 
 class T5Model:
   """A T5 model: static config plus a params pytree. A pytree itself, so it can enter jit.
 
-  `packed` (None, or `pack_decoder`'s pytree): the decoder's weights a second time in the CPU
+  `packed` (None, or `pack_model`'s pytree): the decoder's weights a second time in the CPU
   kernel's layout, used by decode steps of few token rows (`T5Model.pack`). Everything else
   (encoder, teacher forcing, training, checkpoints) reads `params`."""
   params: Params
@@ -577,8 +602,8 @@ class T5Model:
       weights = 'bfloat16' if self.dtype == jnp.bfloat16 or _bf16_exact(self.params) else 'float32'
     if weights not in cpu_kernels.WEIGHTS:
       raise ValueError(f'weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
-    params = quantize_decoder(self.params, self.config, weights)
-    packed = pack_decoder(params, self.config, weights) if cpu_kernels.available() else None
+    params = quantize_matrices(self.params, self.config, weights)
+    packed = pack_model(params, self.config, weights) if cpu_kernels.available() else None
     return T5Model(params=params, config=self.config, packed=packed)
 
   def unpack(self) -> 'T5Model':
@@ -591,10 +616,10 @@ class T5Model:
                        jnp.asarray(decoder_input_ids, jnp.int32))
 
   def encode(self, input_ids):
-    return encode(self.params, self.config, input_ids)
+    return encode(self.params, self.config, input_ids, packed=self.packed)
 
   def init_cache(self, input_ids, max_len: int) -> DecoderCache:
-    return init_cache(self.params, self.config, input_ids, max_len)
+    return init_cache(self.params, self.config, input_ids, max_len, packed=self.packed)
 
   def decode(self, cache, tokens, lengths):
     return decode(self.params, self.config, cache, tokens, lengths, self.packed)
