@@ -93,8 +93,9 @@ def sources(recs) -> str:
 
 
 def describe_model(path: str) -> str:
+  """'T5 1.6M' for a checkpoint of the repository (records keep repo-relative paths)."""
   from specjax.runner import report  # pylint: disable=import-outside-toplevel
-  return report.describe(str(REPO / path)) if path and not path.startswith('/') else path
+  return report.describe(str(REPO / path)) if path and (REPO / path).is_dir() else path
 
 
 # ----------------------------------------------------------------------------- the default run
