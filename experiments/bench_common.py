@@ -202,8 +202,15 @@ def parse_bench_args(p, argv=None, *, out_default='', smoke_help=None):
     p.error('a --smoke run publishes no figures: give --record=DIR another directory')
   _RUN.clear()
   _RUN.update(script=script.stem, command=_command(script, argv), record=args.record,
-              smoke=bool(args.smoke))
+              smoke=bool(args.smoke), args=vars(args))
   return args
+
+
+def _this_run(result) -> bool:
+  """Whether `result` is this run's (its 'args' are the options parse_bench_args parsed): a
+  script that parses its own options is not stamped with another script's command."""
+  return (isinstance(result, dict) and _RUN.get('args') is not None
+          and result.get('args') is _RUN['args'])
 
 
 def _command(script: Path, argv: Sequence[str]) -> str:
@@ -257,7 +264,7 @@ def finish_load(gate, result: dict, out=None, log=print) -> dict:
   rec = gate.record()
   result['load'] = rec
   write_json(out, result)
-  if _RUN.get('record') and not rec['refused']:
+  if _RUN.get('record') and _this_run(result) and not rec['refused']:
     path = publish(result)
     log(f'record: appended to {path}')
   machine.finish(rec, log=log)
@@ -575,7 +582,7 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
 
 def write_json(path, obj) -> None:
   """Writes obj (atomically) to path; a result dict gets this run's `host` and `command`."""
-  if isinstance(obj, dict) and _RUN:
+  if _this_run(obj):
     obj.setdefault('host', run_host())
     obj.setdefault('command', _RUN.get('command', ''))
   if not path:

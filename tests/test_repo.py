@@ -79,3 +79,25 @@ def test_documented_config_arguments_parse():
   for module, arg in sorted(seen):
     config = importlib.import_module(module.replace('/', '.')).get_config(arg)
     assert config.name, (module, arg)
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading."""
+  text = re.sub(r'[^\w\- ]', '', heading.strip().lower())
+  return text.replace(' ', '-')
+
+
+def test_links_between_pages_resolve():
+  pages = [ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]
+  for page in pages:
+    text = page.read_text()
+    for target in re.findall(r'\]\(([^)\s]+)\)', text):
+      if re.match(r'\w+://', target):
+        continue
+      path, _, anchor = target.partition('#')
+      dest = (page.parent / path).resolve() if path else page
+      assert dest.exists(), f'{page.relative_to(ROOT)}: broken link {target}'
+      if anchor and dest.suffix == '.md':
+        headings = re.findall(r'^#+ (.+)$', dest.read_text(), re.M)
+        assert anchor in {_anchor(h) for h in headings}, (
+            f'{page.relative_to(ROOT)}: no heading #{anchor} in {dest.relative_to(ROOT)}')

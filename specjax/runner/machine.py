@@ -26,7 +26,7 @@ a comparison measured on a loaded machine. Two measures, both recorded:
 The gate (`assess`) marks a record `loaded` when the 1-minute load average at the start exceeds
 `Limits.load_per_core` x cores, or others' CPU during the run exceeds `Limits.others_per_core` x
 cores; `refused` = loaded and not explicitly allowed. The default limits come from the measured
-drift (docs/performance.md, "Machine load").
+drift (docs/performance.md, "Method").
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any, Callable
 
-# Limits chosen by measurement (experiments/bench_load.py; docs/performance.md, "Machine load").
+# Limits chosen by measurement (experiments/bench_load.py; docs/performance.md, "Method").
 LOAD_PER_CORE = 0.5
 OTHERS_PER_CORE = 0.1
 
