@@ -181,9 +181,9 @@ def beside_recorded(record, records_dir=None, describe=lambda name: name) -> str
   mine, theirs = record['figures']['rows'], near['figures']['rows']
   best_mine, best_theirs = best_speedups(mine), best_speedups(theirs)
   same = near['host_id'] == record['host_id']
-  head = (f"recorded on {'this host' if same else 'the closest recorded host'} "
-          f"({machine.describe_host(near['host'])}; {near['created'][:10]}, commit "
-          f"{near.get('commit') or '?'}):")
+  where = 'this host' if same else 'the closest recorded host'
+  head = (f"best speedup beside the one recorded on {where} ({near['created'][:10]}, commit "
+          f"{near.get('commit') or '?'}):\n  {machine.describe_host(near['host'])}")
   body = [('draft', 'T', 'this run', 'recorded')]
   for key in sorted(set(best_mine) | set(best_theirs), key=lambda k: (k[1], k[0])):
     cell = lambda d: f'{d[key][0]:.2f}X (gamma {d[key][1]})' if key in d else '-'  # noqa: E731
