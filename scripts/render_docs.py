@@ -87,6 +87,16 @@ def newest(records, benchmark, where=lambda r: True):
   return sorted(per_host.values(), key=lambda r: r['created'], reverse=True)
 
 
+def detailed(recs) -> tuple[list, str]:
+  """A detailed table shows the newest host only (the page stays short as hosts are added; the
+  per-host summaries show them all); the note names the other hosts' records."""
+  others = recs[1:]
+  note = ('' if not others else '\n\nOther recorded hosts: ' + '; '.join(
+      f"{host_cell(r)} (`docs/results/{r['benchmark']}/{r['host_id']}.jsonl`)" for r in others)
+          + '.')
+  return recs[:1], note
+
+
 def sources(recs) -> str:
   files = dict.fromkeys(f"`docs/results/{r['benchmark']}/{r['host_id']}.jsonl`" for r in recs)
   return f"Record{'s' if len(files) > 1 else ''}: {', '.join(files)}."
@@ -109,7 +119,7 @@ def render_run_output(records) -> str:
     return missing(RUN_CMD)
   rec = recs[0]
   text = rec['figures'].get('table_text', '').rstrip()
-  return (f"```text\n{text}\n```\n\n(the newest record: {host_cell(rec)}; {stamp(rec)})")
+  return f"```text\n{text}\n```\n(the newest record: {host_cell(rec)}; {stamp(rec)})"
 
 
 def render_run_hosts(records) -> str:
@@ -141,7 +151,8 @@ def render_run_cells(records) -> str:
   if not recs:
     return missing(RUN_CMD)
   out = []
-  for rec in recs:
+  shown, note = detailed(recs)
+  for rec in shown:
     rows = [[describe_model(r.get('draft_path') or r['draft']), f"{r['temperature']:g}",
              r['gamma'], num(r['alpha']), num(r['tokens_per_target_call']), num(r['c'], '.3f'),
              num(r.get('block_cost')), num(r['speedup'], '.2f', 'X'),
@@ -153,7 +164,7 @@ def render_run_cells(records) -> str:
     out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
         ['draft', 'T', 'gamma', 'alpha', 'tok/call', 'c', 'block cost', 'speedup',
          'pred (Thm 3.8)', 'pred (block cost)', 'same tokens'], rows))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out) + note
 
 
 # ----------------------------------------------------------------------------- CPU benchmarks
@@ -189,7 +200,8 @@ def render_transformers(records) -> str:
   if not recs:
     return missing(TF_CMD)
   out = []
-  for rec in recs:
+  shown, note = detailed(recs)
+  for rec in shown:
     for pair in rec['figures'].get('pairs', []):
       rows = [[r['method'], num(r.get('tokens_per_s'), '.0f'),
                num(r.get('vs_tf_greedy'), '.2f', 'X'), num(r.get('vs_tf_assisted'), '.2f', 'X'),
@@ -198,7 +210,7 @@ def render_transformers(records) -> str:
                  f"({stamp(rec)}):\n\n" + table(
                      ['batch 1, greedy', 'tokens/s', 'vs transformers greedy',
                       'vs transformers assisted', 'same tokens'], rows))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out) + note
 
 
 REFILL_CMD = 'python scripts/make_docs.py --only=bench_batch.refill'
@@ -209,7 +221,8 @@ def render_refill(records) -> str:
   if not recs:
     return missing(REFILL_CMD)
   out = []
-  for rec in recs:
+  shown, note = detailed(recs)
+  for rec in shown:
     groups: dict[tuple, list] = {}
     for r in rec['figures'].get('refill_rows', []):
       groups.setdefault((r['temperature'], r['batch']), []).append(r)
@@ -229,7 +242,7 @@ def render_refill(records) -> str:
         ['T', 'B', 'AR lockstep tok/s', 'spec lockstep tok/s (row util)',
          'best fixed refill tok/s', "gamma='auto' refill tok/s (row util)", 'auto / best fixed'],
         rows))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out) + note
 
 
 ADAPTIVE_CMD = 'python scripts/make_docs.py --only=bench_adaptive'
@@ -240,7 +253,8 @@ def render_adaptive(records) -> str:
   if not recs:
     return missing(ADAPTIVE_CMD)
   out = []
-  for rec in recs:
+  shown, note = detailed(recs)
+  for rec in shown:
     rows = []
     for pair in rec['figures'].get('pairs', []):
       for s in pair['settings']:
@@ -253,7 +267,7 @@ def render_adaptive(records) -> str:
     out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
         ['pair', 'B', 'T', 'c', 'best fixed gamma', 'best exact stop rule', 'rule / fixed',
          'block / token verification, tok/call (min over gamma >= 4)'], rows))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out) + note
 
 
 TREE_CMD = 'python scripts/make_docs.py --only=bench_tree'
@@ -264,12 +278,13 @@ def render_trees(records) -> str:
   if not recs:
     return missing(TREE_CMD)
   out = []
-  for rec in recs:
+  shown, note = detailed(recs)
+  for rec in shown:
     rows = []
     for pair in rec['figures'].get('pairs', []):
       for s in pair['settings']:
         for r in s['rows']:
-          if r['variant'] == 'AR':
+          if r.get('vs_chain') is None:  # the chains and AR: the trees' references
             continue
           se = f" ± {r['se']:.3f}" if r.get('se') is not None else ''
           rows.append([pair['pair'], f"{s['temperature']:g}", r['variant'], r['verified'],
@@ -277,9 +292,9 @@ def render_trees(records) -> str:
                        num(r.get('vs_chain'), '.3f') + se if r.get('vs_chain') else '-',
                        num(r.get('vs_ar'), '.2f', 'X')])
     out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
-        ['pair', 'T', 'variant', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
+        ['pair', 'T', 'tree', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
          'speedup vs AR'], rows))
-  return '\n\n'.join(out)
+  return '\n\n'.join(out) + note
 
 
 PAIR_CMD = 'python scripts/make_docs.py --only=pair_eval'

@@ -101,3 +101,9 @@ def test_links_between_pages_resolve():
         headings = re.findall(r'^#+ (.+)$', dest.read_text(), re.M)
         assert anchor in {_anchor(h) for h in headings}, (
             f'{page.relative_to(ROOT)}: no heading #{anchor} in {dest.relative_to(ROOT)}')
+
+
+def test_performance_page_stays_curated():
+  # Current results only, rendered from docs/results/ (history stays in git).
+  lines = (ROOT / 'docs' / 'performance.md').read_text().splitlines()
+  assert len(lines) <= 300, f'docs/performance.md has {len(lines)} lines (at most 300)'
