@@ -175,8 +175,9 @@ def beside_recorded(record, records_dir=None, describe=lambda name: name) -> str
     return ''
   hosts = results.latest_per_host(results.load_records(records_dir, bench), bench)
   if not hosts:
-    return (f'no published record of this configuration to compare with yet '
-            f'({os.path.join(os.path.basename(records_dir), bench)}/)')
+    shown = os.path.relpath(os.path.join(records_dir, bench), results.REPO)
+    return (f'no published record of this configuration to compare with yet ({shown}/; '
+            'docs/reproducing.md)')
   near = results.closest_host(record['host'], hosts.values())
   mine, theirs = record['figures']['rows'], near['figures']['rows']
   best_mine, best_theirs = best_speedups(mine), best_speedups(theirs)
