@@ -12,19 +12,23 @@ setup(
     packages=find_packages(include=['specjax', 'specjax.*']),
     # The offline corpus, its tokenizer and the shipped tiny model pair travel with the package.
     package_data={'specjax': ['assets/*/*', 'assets/*/*/*']},
+    # Compatible ranges; the exact versions the published figures were measured with are in
+    # requirements/lock.txt (scripts/refresh_lock.sh). Upper bounds: jax and flax change APIs and
+    # CPU timings between minor releases before 1.0, so they stop above the newest minor tested
+    # (jax 0.10 on CPU, 0.11 on GPU; flax 0.12); transformers and numpy at the next major.
     install_requires=[
-        'jax>=0.4.30',
-        'flax>=0.8',
+        'jax>=0.4.30,<0.12',
+        'flax>=0.8,<0.13',
         'optax>=0.2',
         'orbax-checkpoint>=0.5',
-        'transformers>=4.40',
+        'transformers>=4.40,<6',
         'huggingface-hub>=0.23',
         'ml-collections>=0.1.1',
         'absl-py>=1.0',
         'safetensors>=0.4',
         'sentencepiece>=0.2',
         'tokenizers>=0.19',
-        'numpy>=1.24',
+        'numpy>=1.24,<3',
         'sacrebleu>=2.3',
         'rouge-score>=0.1.2',
         'matplotlib>=3.7',
@@ -32,7 +36,7 @@ setup(
     ],
     extras_require={
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.
-        'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1',
+        'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1,<3',
                  'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6', 'nbconvert>=7'],
         # WMT14 / CNN-DM through Hugging Face datasets at run time (the paper's tasks).
         'data': ['datasets>=2.14'],

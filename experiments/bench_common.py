@@ -11,7 +11,11 @@ Not a benchmark itself. What lives here:
     to one fixed source length so that every prompt reuses one compiled program;
   * options: the ones every script takes (`parse_bench_args`: --out, --smoke, the load gate's),
     and help-less ones declared by their defaults (`add_defaults`);
-  * output: markdown tables and JSON;
+  * output: markdown tables and JSON; every JSON carries `host` (machine.host_record: hardware,
+    measured memory bandwidth, versions, commit) and `command`;
+  * records: `--record[=DIR]` also appends the run as one published record (a JSON line) to
+    DIR/<script>/<host id>.jsonl (DIR: docs/results), the file scripts/render_docs.py renders the
+    docs' tables from; a run on another host adds its own file (specjax/runner/results.py);
   * the load gate (specjax/runner/machine.py): every script records the load average and cores at
     its start and end, and other processes' CPU during the run, prints them beside each table,
     stores them in its JSON (`load`), and refuses (exit 3) to report figures from a loaded
@@ -98,6 +102,7 @@ def load_average() -> tuple[float, float, float]:
 
 
 def machine_info() -> dict[str, Any]:
+  """The short machine description printed beside the tables (the full one: `run_host()`)."""
   import jax  # pylint: disable=import-outside-toplevel
   info = {
       'cpu_count': os.cpu_count(),
@@ -174,13 +179,57 @@ def add_defaults(p, **defaults) -> None:
     p.add_argument(f'--{name}', type=type(default), default=default)
 
 
+# This process's benchmark run: the script and its arguments (parse_bench_args), the host
+# (load_gate measures it before any work). Nothing of it outlives the process.
+_RUN: dict[str, Any] = {}
+
+
 def parse_bench_args(p, argv=None, *, out_default='', smoke_help=None):
-  """Adds the options every benchmark script takes (--out, --smoke, the load gate's) and parses
-  argv: one spelling of them for all scripts."""
+  """Adds the options every benchmark script takes (--out, --smoke, --record, the load gate's)
+  and parses argv: one spelling of them for all scripts."""
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
   p.add_argument('--out', default=out_default)
   p.add_argument('--smoke', action='store_true', help=smoke_help)
+  p.add_argument('--record', nargs='?', const=str(results.RECORDS_DIR), default='', metavar='DIR',
+                 help='append this run as a published record (figures, command, commit, host, '
+                      f'load) to DIR/<script>/<host id>.jsonl; DIR defaults to '
+                      f'{results.RECORDS_DIR.relative_to(REPO)}')
   add_load_args(p)
-  return p.parse_args(argv)
+  args = p.parse_args(argv)
+  script = Path(sys._getframe(1).f_globals.get('__file__', p.prog))  # pylint: disable=protected-access
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if args.smoke and args.record == str(results.RECORDS_DIR):
+    p.error('a --smoke run publishes no figures: give --record=DIR another directory')
+  _RUN.clear()
+  _RUN.update(script=script.stem, command=_command(script, argv), record=args.record,
+              smoke=bool(args.smoke), args=vars(args))
+  return args
+
+
+def _this_run(result) -> bool:
+  """Whether `result` is this run's (its 'args' are the options parse_bench_args parsed): a
+  script that parses its own options is not stamped with another script's command."""
+  return (isinstance(result, dict) and _RUN.get('args') is not None
+          and result.get('args') is _RUN['args'])
+
+
+def _command(script: Path, argv: Sequence[str]) -> str:
+  import shlex  # pylint: disable=import-outside-toplevel
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
+  try:
+    shown = script.resolve().relative_to(REPO).as_posix()
+  except ValueError:
+    shown = script.name
+  return shlex.join(['python', shown, *(results.scrub(a) for a in argv)])
+
+
+def run_host() -> dict[str, Any]:
+  """machine.host_record() of this run, measured once (at the load gate, before any work; a
+  --smoke run skips the bandwidth probe)."""
+  if 'host' not in _RUN:
+    from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+    _RUN['host'] = machine.host_record(probe_bandwidth=not _RUN.get('smoke', False))
+  return _RUN['host']
 
 
 def load_gate(args, log=print):
@@ -196,6 +245,7 @@ def load_gate(args, log=print):
   if getattr(args, 'wait_quiet', 0):
     gate.wait_quiet(args.wait_quiet, log=log)
   log(machine.describe(gate.check_start()))
+  log(f'host: {machine.describe_host(run_host())}')
   return gate
 
 
@@ -214,8 +264,20 @@ def finish_load(gate, result: dict, out=None, log=print) -> dict:
   rec = gate.record()
   result['load'] = rec
   write_json(out, result)
+  if _RUN.get('record') and _this_run(result) and not rec['refused']:
+    path = publish(result)
+    log(f'record: appended to {path}')
   machine.finish(rec, log=log)
   return rec
+
+
+def publish(result: dict, directory=None) -> Path:
+  """Appends `result` (a script's JSON, host and load included) as one record to
+  DIR/<script>/<host id>.jsonl (DIR: --record's, else docs/results)."""
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
+  record = results.make_record(_RUN.get('script', 'bench'), result,
+                               command=_RUN.get('command', ''), smoke=_RUN.get('smoke', False))
+  return results.append_record(record, directory or _RUN.get('record') or results.RECORDS_DIR)
 
 
 # ----------------------------------------------------------------------------- timing
@@ -519,6 +581,10 @@ def markdown_table(rows: Sequence[dict[str, Any]], columns: Sequence[tuple[str, 
 
 
 def write_json(path, obj) -> None:
+  """Writes obj (atomically) to path; a result dict gets this run's `host` and `command`."""
+  if _this_run(obj):
+    obj.setdefault('host', run_host())
+    obj.setdefault('command', _RUN.get('command', ''))
   if not path:
     return
   path = Path(path)

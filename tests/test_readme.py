@@ -1,4 +1,4 @@
-"""Every Python block of the README runs as written (offline, on the shipped pair).
+"""The README is short, and every Python block of it runs as written (offline, on the shipped pair).
 
 A block preceded by `<!-- readme-test: needs-hub -->` needs the network; offline with an empty
 Hugging Face cache it must stop at once with a one-line error naming the model.
@@ -34,6 +34,11 @@ def _run(code, tmp_path, **env):
               'PYTHONPATH': str(ROOT) + os.pathsep + os.environ.get('PYTHONPATH', ''), **env}
   return subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=full_env,
                         capture_output=True, text=True, timeout=600)
+
+
+def test_readme_reads_in_five_minutes():
+  lines = (ROOT / 'README.md').read_text(encoding='utf-8').splitlines()
+  assert len(lines) <= 150, f'README.md has {len(lines)} lines (at most 150: move detail to docs/)'
 
 
 def test_readme_has_python_blocks():

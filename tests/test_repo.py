@@ -1,4 +1,5 @@
-"""The README stays true: its test command is what CI runs, its model table is what the code computes."""
+"""The README stays true: its test command is what CI runs (from the lock), its model table is what
+the code computes, and no page quotes a figure from another time."""
 
 import importlib
 import pathlib
@@ -23,15 +24,36 @@ def test_ci_runs_the_readme_test_command():
       f'.ci/run must run the README test command verbatim: {commands[1]!r}')
 
 
-def test_readme_model_table_is_computed():
-  import sys
+def test_ci_installs_from_the_lock():
+  commands = _quickstart_commands()
+  assert 'pip install -r requirements/lock.txt' in commands[1]
+  lock = (ROOT / 'requirements' / 'lock.txt').read_text()
+  pins = re.findall(r'^([A-Za-z0-9_.-]+)==(\S+)', lock, re.M)
+  names = {n.lower() for n, _ in pins}
+  assert {'jax', 'jaxlib', 'flax', 'numpy', 'transformers', 'pytest'} <= names, names
+  assert 'torch' not in names  # installed first and apart (requirements/overrides.txt)
+  hashed = re.findall(r'^[A-Za-z0-9_.-]+==\S+ \\\n\s+--hash=sha256:', lock, re.M)
+  assert len(hashed) == len(pins), 'every pin carries its hashes'
+
+
+def test_model_table_is_computed():
   sys.path.insert(0, str(ROOT / 'scripts'))
   import model_table  # pylint: disable=import-outside-toplevel
-  readme = (ROOT / 'README.md').read_text()
-  found = re.search(r'<!-- model-table:start -->\n(.*?)\n<!-- model-table:end -->', readme, re.S)
-  assert found, 'README lost its model table markers'
+  page = (ROOT / 'docs' / 'models.md').read_text()
+  found = re.search(r'<!-- fig:model-table -->\n(.*?)\n<!-- /fig:model-table -->', page, re.S)
+  assert found, 'docs/models.md lost its model table region'
   assert found.group(1).strip() == model_table.table().strip(), (
-      'README model table is stale: paste the output of python scripts/model_table.py')
+      'docs/models.md model table is stale: run python scripts/render_docs.py')
+
+
+def test_no_figure_is_quoted_from_another_time():
+  # Figures are rendered from records (scripts/render_docs.py); history stays in git.
+  stale = re.compile(r'measured (before|earlier)|(an|the) earlier (run|host|session|measurement)|'
+                     r'(with|on) the previous (pair|target|draft|host)|published before|'
+                     r'\bwithdrawn\b', re.I)
+  for path in [ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]:
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+      assert not stale.search(line), f'{path.relative_to(ROOT)}:{number}: {line.strip()}'
 
 
 def test_presets_match_public_parameter_counts():
@@ -57,3 +79,31 @@ def test_documented_config_arguments_parse():
   for module, arg in sorted(seen):
     config = importlib.import_module(module.replace('/', '.')).get_config(arg)
     assert config.name, (module, arg)
+
+
+def _anchor(heading: str) -> str:
+  """GitHub's anchor of a Markdown heading."""
+  text = re.sub(r'[^\w\- ]', '', heading.strip().lower())
+  return text.replace(' ', '-')
+
+
+def test_links_between_pages_resolve():
+  pages = [ROOT / 'README.md', *(ROOT / 'docs').glob('*.md')]
+  for page in pages:
+    text = page.read_text()
+    for target in re.findall(r'\]\(([^)\s]+)\)', text):
+      if re.match(r'\w+://', target):
+        continue
+      path, _, anchor = target.partition('#')
+      dest = (page.parent / path).resolve() if path else page
+      assert dest.exists(), f'{page.relative_to(ROOT)}: broken link {target}'
+      if anchor and dest.suffix == '.md':
+        headings = re.findall(r'^#+ (.+)$', dest.read_text(), re.M)
+        assert anchor in {_anchor(h) for h in headings}, (
+            f'{page.relative_to(ROOT)}: no heading #{anchor} in {dest.relative_to(ROOT)}')
+
+
+def test_performance_page_stays_curated():
+  # Current results only, rendered from docs/results/ (history stays in git).
+  lines = (ROOT / 'docs' / 'performance.md').read_text().splitlines()
+  assert len(lines) <= 300, f'docs/performance.md has {len(lines)} lines (at most 300)'

@@ -131,3 +131,23 @@ def test_quiet_silences_start_up_chatter():
   assert loud.returncode == 0 and quiet.returncode == 0, quiet.stderr
   assert 'PyTorch was not found' in loud.stderr and 'libtpu' in loud.stderr  # the control
   assert quiet.stderr.strip() == '', quiet.stderr
+
+
+def test_the_run_writes_its_record_and_compares_with_the_records(tmp_path, capsys, monkeypatch):
+  import json  # pylint: disable=import-outside-toplevel
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(results, 'RECORDS_DIR', tmp_path / 'records')
+  (tmp_path / 'records').mkdir()
+  report.write_tables(_spec(tmp_path / 'out'), ROWS)
+  out = capsys.readouterr().out
+  assert 'no published record of this configuration' in out
+  record = json.loads((tmp_path / 'out' / 'record.json').read_text())
+  assert record['benchmark'] == 'run.tiny' and record['host']['cpu_model']
+  assert len(record['figures']['rows']) == len(ROWS) and 'settings' not in record['figures']['rows'][0]
+  assert record['figures']['table_text'].startswith('tiny: T5 24.3M target')
+  assert str(data.TINY_PAIR_DIR) not in json.dumps(record)  # paths inside the repo: relative
+  # Published, it is what the next run compares with.
+  results.append_record(record, tmp_path / 'records')
+  report.write_tables(_spec(tmp_path / 'out'), ROWS)
+  out = capsys.readouterr().out
+  assert 'recorded on this host' in out and 'this run' in out and 'block cost' in out

@@ -6,6 +6,8 @@ those libraries are imported or initialised. `results_table(rows)` keeps only th
 carry information (a column with one value for every row moves into the title; empty paper
 columns and legends with nothing to explain are left out) and drops the least important columns
 while the table is wider than the terminal. table.csv / table.md keep every column.
+`beside_recorded(record)` sets the run's best speedups and block costs beside those recorded
+(docs/results/) on the closest host.
 """
 
 from __future__ import annotations
@@ -138,3 +140,57 @@ def results_table(rows, title: str, describe=lambda name: name, width: int | Non
   if dropped:
     notes.append(f"left out for the terminal width: {', '.join(dropped)} (all in table.md)")
   return '\n'.join([head, *lines, *notes])
+
+
+# ----------------------------------------------------------------------------- beside the records
+
+
+def best_speedups(rows) -> dict[tuple[str, float], tuple[float, int]]:
+  """{(draft path, temperature): (best measured speedup, its gamma)} over the paper's cells
+  (fixed gamma, token verification, no tree)."""
+  best: dict[tuple[str, float], tuple[float, int]] = {}
+  for r in rows:
+    if (r.get('stop', 'fixed'), r.get('verifier', 'token')) != ('fixed', 'token') or r.get('tree'):
+      continue
+    key = (r.get('draft_path') or r['draft'], float(r['temperature']))
+    if key not in best or r['speedup'] > best[key][0]:
+      best[key] = (float(r['speedup']), int(r['gamma']))
+  return best
+
+
+def block_costs(rows) -> dict[int, float]:
+  """{gamma: the target's (gamma+1)-token step over its 1-token step}, where measured."""
+  return {int(r['gamma']): float(r['block_cost']) for r in rows
+          if r.get('block_cost') not in (None, 1.0) and not r.get('tree')}
+
+
+def beside_recorded(record, records_dir=None, describe=lambda name: name) -> str:
+  """A few lines: this run's best speedups and block costs beside the ones recorded for the
+  closest host (docs/results/<benchmark>/); '' outside a checkout with records."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
+  records_dir = records_dir or results.RECORDS_DIR
+  bench = record['benchmark']
+  if not os.path.isdir(records_dir):
+    return ''
+  hosts = results.latest_per_host(results.load_records(records_dir, bench), bench)
+  if not hosts:
+    shown = os.path.relpath(os.path.join(records_dir, bench), results.REPO)
+    return (f'no published record of this configuration to compare with yet ({shown}/; '
+            'docs/reproducing.md)')
+  near = results.closest_host(record['host'], hosts.values())
+  mine, theirs = record['figures']['rows'], near['figures']['rows']
+  best_mine, best_theirs = best_speedups(mine), best_speedups(theirs)
+  same = near['host_id'] == record['host_id']
+  where = 'this host' if same else 'the closest recorded host'
+  head = (f"best speedup beside the one recorded on {where} ({near['created'][:10]}, commit "
+          f"{near.get('commit') or '?'}):\n  {machine.describe_host(near['host'])}")
+  body = [('draft', 'T', 'this run', 'recorded')]
+  for key in sorted(set(best_mine) | set(best_theirs), key=lambda k: (k[1], k[0])):
+    cell = lambda d: f'{d[key][0]:.2f}X (gamma {d[key][1]})' if key in d else '-'  # noqa: E731
+    body.append((describe(key[0]), f'{key[1]:g}', cell(best_mine), cell(best_theirs)))
+  lines = _render(list(body[0]), [list(b) for b in body[1:]], [False, True, True, True])
+  costs = lambda d: ', '.join(f'{v:.2f} (gamma {g})' for g, v in sorted(d.items())) or '-'  # noqa: E731
+  lines = [head, *lines, f'block cost: this run {costs(block_costs(mine))}; '
+                         f'recorded {costs(block_costs(theirs))}']
+  return '\n'.join(lines)

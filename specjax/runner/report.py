@@ -1,4 +1,10 @@
-"""Tables (terminal, CSV, Markdown) and plots (PNG) of a sweep's results.jsonl."""
+"""Tables (terminal, CSV, Markdown), plots (PNG) and the run's record of a sweep's results.jsonl.
+
+Beside the tables the runner writes record.json: the run as one published record
+(specjax.runner.results.make_record: the current rows, the printed table, the command, commit
+and host), which `python scripts/record.py OUTPUT_DIR` adds to docs/results/, and prints the
+figures recorded there for the closest host beside its own (console.beside_recorded).
+"""
 
 from __future__ import annotations
 
@@ -164,8 +170,44 @@ def write_tables(spec, rows, out=None):
   writer.writerow(headers)
   writer.writerows(body)
   _atomic_write(os.path.join(spec.output_dir, 'table.csv'), buf.getvalue())
+  record = run_record(spec, rows, console.results_table(rows, title, describe=describe,
+                                                         width=100))
+  _atomic_write(os.path.join(spec.output_dir, 'record.json'),
+                json.dumps(record, indent=1, sort_keys=True) + '\n')
   print(f"\nwrote {os.path.join(spec.output_dir, 'results.jsonl')}, table.csv, table.md "
-        '(every column)', file=out)
+        '(every column), record.json', file=out)
+  beside = console.beside_recorded(record, describe=describe)
+  if beside:
+    print(f'\n{beside}', file=out)
+
+
+# The spec fields a record keeps (what was run; the rest is in each row's settings).
+RECORD_FIELDS = ('name', 'target', 'drafts', 'tasks', 'temperatures', 'gammas', 'num_examples',
+                 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats', 'dtype',
+                 'matmul_precision', 'block_cost')
+
+
+def run_command() -> str:
+  """The command line of this process when it is `python -m specjax.run`, else ''."""
+  import shlex  # pylint: disable=import-outside-toplevel
+  if os.path.basename(sys.argv[0]) == 'run.py' and 'specjax' in sys.argv[0]:
+    return shlex.join(['python', '-m', 'specjax.run', *sys.argv[1:]])
+  return ''
+
+
+def run_record(spec, rows, table_text: str = '') -> dict[str, Any]:
+  """The run as a published record ('run.<config name>'): the current rows (without their
+  settings), the printed table, the spec's fields, the host (bandwidth not probed here:
+  scripts/record.py probes it when it publishes the record on the same host)."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  from specjax.runner import results  # pylint: disable=import-outside-toplevel
+  host = machine.host_record(probe_bandwidth=False)
+  kept = [{k: v for k, v in r.items() if k != 'settings'} for r in sorted_rows(rows)]
+  args = {f: getattr(spec, f) for f in RECORD_FIELDS if hasattr(spec, f)}
+  return results.make_record(
+      f'run.{spec.name}', {'rows': kept, 'table_text': table_text, 'args': args,
+                          'load': {'load_average_end': host['load_average']}},
+      command=run_command(), host=host)
 
 
 def _plt():

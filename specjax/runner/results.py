@@ -1,4 +1,4 @@
-"""results.jsonl, and what makes a stored cell current.
+"""results.jsonl, what makes a stored cell current, and the published records (docs/results/).
 
 One JSON line per finished cell, rewritten atomically (temp file + rename), so a killed sweep
 leaves whole lines only. Every record carries `settings`: everything that changes its numbers
@@ -7,6 +7,20 @@ the device, and the cell's own task / draft / temperature / gamma) and `settings
 A rerun resumes a cell only from a record with the same id; a cell whose settings changed is
 recomputed, and tables and plots show only records that match the current settings (rows of
 other settings stay in the file, untouched, and are never presented as current).
+
+Published records: every figure in README.md and docs/ is rendered (scripts/render_docs.py) from
+records under docs/results/, one JSON line per measurement run in
+docs/results/<benchmark>/<host id>.jsonl, so a run on a new host adds a file and a rerun on the
+same host adds a line, never touching another host's. A record:
+
+  {"schema": 1, "benchmark": "bench_transformers" | "run.tiny" | ...,
+   "command": the exact command, "commit": "0cefe1fd904d", "dirty": false,
+   "created": "2026-12-04T17:31:12Z" (UTC), "host_id": "amd-epyc-2c-47c9b6",
+   "host": specjax.runner.machine.host_record(), "load": the load gate's record (or null),
+   "smoke": false, "args": {...}, "figures": {...}}
+
+`figures` is the benchmark's own machine-readable result (its --out JSON without host, load and
+args; the runner's: its current results.jsonl rows). Paths of the machine are scrubbed (`scrub`).
 """
 
 from __future__ import annotations
@@ -14,8 +28,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pathlib
+import re
 import tempfile
-from typing import Any
+import time
+from typing import Any, Callable, Iterable
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RECORDS_DIR = REPO / 'docs' / 'results'
+RECORD_SCHEMA = 1
 
 # Spec fields that change a cell's numbers (besides the checkpoints, data files and the device).
 NUMERIC_FIELDS = ('num_examples', 'max_source_len', 'max_new_tokens', 'batch_size', 'repeats',
@@ -130,3 +151,92 @@ def settings_id(settings: dict[str, Any]) -> str:
 def differing(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
   """Names of the settings that differ between two records (for the one-line resume notice)."""
   return sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+
+
+# ----------------------------------------------------------------------------- published records
+
+_ABS_PATH = re.compile(r'(?<![\w.:/])(/|~/)[^\s\'",:;]*')
+
+
+def scrub(value: Any) -> Any:
+  """`value` with the machine's paths taken out, recursively: a path inside the repository
+  becomes relative to it, any other absolute path its last component."""
+  if isinstance(value, dict):
+    return {k: scrub(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [scrub(v) for v in value]
+  if not isinstance(value, str):
+    return value
+
+  def one(found):
+    path = os.path.expanduser(found.group(0))
+    try:
+      return pathlib.Path(path).resolve().relative_to(REPO).as_posix()
+    except ValueError:
+      return os.path.basename(path.rstrip('/')) or '/'
+  return _ABS_PATH.sub(one, value)
+
+
+def make_record(benchmark: str, result: dict[str, Any], *, command: str = '',
+                host: dict[str, Any] | None = None, smoke: bool = False) -> dict[str, Any]:
+  """A published record of one run: `result` is the benchmark's JSON (its `host`, `load`, `args`
+  and `command` keys are lifted out of `figures`). The host is measured now when absent."""
+  result = dict(result)
+  host = host or result.pop('host', None)
+  result.pop('host', None)
+  if host is None:
+    from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+    host = machine.host_record()
+  load = result.pop('load', None)
+  args = result.pop('args', {})
+  command = command or result.pop('command', '')
+  result.pop('command', None)
+  result.pop('machine', None)  # the short description printed beside the tables; host has it all
+  return scrub({
+      'schema': RECORD_SCHEMA, 'benchmark': benchmark, 'command': command,
+      'commit': host.get('commit'), 'dirty': host.get('dirty'),
+      'created': time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()),
+      'host_id': host['host_id'], 'host': host, 'load': load, 'smoke': bool(smoke),
+      'args': args, 'figures': result,
+  })
+
+
+def append_record(record: dict[str, Any], directory=RECORDS_DIR) -> pathlib.Path:
+  """Appends one record as a JSON line to DIR/<benchmark>/<host id>.jsonl (atomically)."""
+  path = pathlib.Path(directory) / record['benchmark'] / f"{record['host_id']}.jsonl"
+  ResultsFile(str(path)).append(record)
+  return path
+
+
+def load_records(directory=RECORDS_DIR, benchmark: str | None = None) -> list[dict[str, Any]]:
+  """Every record under `directory` (of one benchmark when given), oldest first per file."""
+  root = pathlib.Path(directory)
+  files = sorted((root / benchmark).glob('*.jsonl') if benchmark else root.glob('*/*.jsonl'))
+  return [r for f in files for r in ResultsFile(str(f)).load()]
+
+
+def latest_per_host(records: Iterable[dict[str, Any]], benchmark: str,
+                    where: Callable[[dict[str, Any]], bool] = lambda r: True
+                    ) -> dict[str, dict[str, Any]]:
+  """{host id: its newest non-smoke record of `benchmark` that satisfies `where`}."""
+  out: dict[str, dict[str, Any]] = {}
+  for r in records:
+    if r.get('benchmark') != benchmark or r.get('smoke') or not where(r):
+      continue
+    if r['host_id'] not in out or r['created'] >= out[r['host_id']]['created']:
+      out[r['host_id']] = r
+  return out
+
+
+def closest_host(host: dict[str, Any], candidates: Iterable[dict[str, Any]]):
+  """The record (of `candidates`) whose host is closest to `host`: same accelerator first, then
+  the same CPU model, core count and L3, then the nearest memory bandwidth; None if none."""
+  def distance(rec):
+    other = rec['host']
+    same = lambda k: other.get(k) == host.get(k)  # noqa: E731
+    bw_a, bw_b = host.get('mem_bw_gbs'), other.get('mem_bw_gbs')
+    bw = abs(bw_a - bw_b) / max(bw_a, bw_b) if bw_a and bw_b else 1.0
+    return (not same('accelerator'), not same('cpu_model'),
+            not (other.get('cores_usable') or other.get('cores')) ==
+            (host.get('cores_usable') or host.get('cores')), not same('l3_bytes'), bw)
+  return min(candidates, key=distance, default=None)
