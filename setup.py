@@ -11,7 +11,8 @@ setup(
     python_requires='>=3.10',
     packages=find_packages(include=['specjax', 'specjax.*']),
     # The offline corpus, its tokenizer and the shipped tiny model pair travel with the package.
-    package_data={'specjax': ['assets/*/*', 'assets/*/*/*']},
+    # The CPU decode kernels' C++ source is compiled on the user's machine at first use.
+    package_data={'specjax': ['assets/*/*', 'assets/*/*/*', 'models/*.cc']},
     # Compatible ranges; the exact versions the published figures were measured with are in
     # requirements/lock.txt (scripts/refresh_lock.sh). Upper bounds: jax and flax change APIs and
     # CPU timings between minor releases before 1.0, so they stop above the newest minor tested
@@ -38,6 +39,9 @@ setup(
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.
         'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1,<3',
                  'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6', 'nbconvert>=7'],
+        # The CPU peer of experiments/bench_transformers.py (CTranslate2's own converter and
+        # decoder on the same weights); the tests check its tokens against specjax's.
+        'bench': ['ctranslate2>=4.4,<5'],
         # WMT14 / CNN-DM through Hugging Face datasets at run time (the paper's tasks).
         'data': ['datasets>=2.14'],
         # Rebuilding the shipped Bible corpus from Debian's SWORD packages.

@@ -13,9 +13,12 @@ K of a (model, batch) interleaved in one process after a warm-up (compile time a
 
 Levers (the same weights; `T5Model.pack`, specjax/models/cpu_kernels):
   xla           XLA's dots and attention (the model without packed weights)
-  kernel        packed float32 weights streamed once per step for any K, decode attention kernel
-  kernel-bf16   the same, weights stored in bfloat16 (the target is then the bf16-rounded one)
-  kernel-int8   weights stored in int8 with a float32 scale per output column (int8 target)
+  kernel        what load_t5 picks: packed weights streamed once per step for any K, decode
+                attention kernel; bf16 storage where that is exact (the shipped pair), else f32
+  kernel-f32    the same with float32 storage
+  kernel-bf16   bfloat16 storage (a bf16-rounded target where the weights are not bf16 values)
+  kernel-int8   int8 storage with a float32 scale per output column (the int8 target)
+A lever whose storage equals `kernel`'s is skipped.
 
 Models: `shipped` (specjax/assets/tiny_pair/target, 24.3M params), `t5-small` and `t5-base`
 (random targets with those shapes, untied 32128-wide head). The floor is the bytes a step must
@@ -35,7 +38,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 
-LEVERS = ('xla', 'kernel', 'kernel-bf16', 'kernel-int8')
+LEVERS = ('xla', 'kernel', 'kernel-f32', 'kernel-bf16', 'kernel-int8')
 SHAPES = {  # T5Config keyword arguments of the random targets (untied heads, as bench_common)
     't5-small': dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                      num_decoder_layers=6, num_heads=8, tie_word_embeddings=False,
@@ -59,7 +62,8 @@ def parse_args(argv=None):
   p.add_argument('--levers', default=','.join(LEVERS))
   p.add_argument('--steps', type=int, default=32, help='decoder steps per compiled loop')
   p.add_argument('--repeats', type=int, default=7)
-  p.add_argument('--plot', default='', help='PNG of ms per step vs K (one panel per model)')
+  p.add_argument('--plot', default='', help="PNG of ms per step vs K (one panel per model); "
+                 "'auto': docs/figures/block_cost-<host id>.png (the docs link the newest)")
   args = bc.parse_bench_args(p, argv, smoke_help='a random tiny target, K = 1, 2, batch 1')
   if args.smoke:
     args.models, args.batches, args.tokens, args.steps, args.repeats = 'smoke', '1', '1,2', 4, 2
@@ -93,7 +97,8 @@ def lever_model(base, lever: str):
   """The model a lever runs: XLA's dots, or packed weights in the lever's storage."""
   if lever == 'xla':
     return base
-  return base.pack({'kernel': 'float32', 'kernel-bf16': 'bfloat16', 'kernel-int8': 'int8'}[lever])
+  return base.pack({'kernel': None, 'kernel-f32': 'float32', 'kernel-bf16': 'bfloat16',
+                    'kernel-int8': 'int8'}[lever])
 
 
 def step_bytes(model, batch: int, cache_len: int, k: int) -> int:
@@ -119,8 +124,12 @@ def run_model(name: str, args, gate, floor_of) -> dict:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
   base, desc = load_model(name)
-  levers = args.levers.split(',')
-  models = {lever: lever_model(base, lever) for lever in levers}
+  models = {}
+  for lever in args.levers.split(','):
+    m = lever_model(base, lever)
+    if lever != 'kernel' and 'kernel' in models and m.weights == models['kernel'].weights:
+      continue  # the same storage as load_t5's pick
+    models[lever] = m
   if any(m.packed is None for lv, m in models.items() if lv != 'xla'):
     print(f'{name}: the CPU kernel is unavailable here; kernel levers run on XLA too')
   ks = [int(k) for k in args.tokens.split(',')]
@@ -141,7 +150,7 @@ def run_model(name: str, args, gate, floor_of) -> dict:
     for lever, model in models.items():
       ms = {k: timing[(lever, k)].median_s / args.steps * 1e3 for k in ks}
       floor = floor_of(step_bytes(model, batch, cache_len, 1))
-      row = {'lever': lever, 'batch': batch, 'ms': ms,
+      row = {'lever': lever, 'weights': model.weights, 'batch': batch, 'ms': ms,
              'block_cost': {k: ms[k] / ms[1] for k in ks},
              'compile_s': {k: timing[(lever, k)].compile_s for k in ks},
              'floor_ms': floor, 'step_over_floor': None if not floor else ms[1] / floor,
@@ -157,8 +166,18 @@ def run_model(name: str, args, gate, floor_of) -> dict:
   return out
 
 
+def summary_rows(result) -> list[dict]:
+  """What the docs' per-host table shows: the first model's batch-1 `kernel` lever (what load_t5
+  runs), one row per K: step ms, the floor, the block cost."""
+  first = result['models'][0]
+  b1 = next((b for b in first['batches'] if b['batch'] == 1), first['batches'][0])
+  row = next((r for r in b1['rows'] if r['lever'] == 'kernel'), b1['rows'][0])
+  return [{'tokens': int(k), 'step_ms': ms, 'floor_ms': row['floor_ms'], 'lever': row['lever'],
+           'weights': row['weights'], 'model': first['model']} for k, ms in row['ms'].items()]
+
+
 def _columns(ks):
-  cols = [('lever', 'lever', '')]
+  cols = [('lever', 'lever', ''), ('weights', 'weights', '')]
   cols += [(f'ms{k}', f'K={k} ms', '.3f') for k in ks]
   cols += [(f'bc{k}', f'cost K={k}', '.2f') for k in ks if k > 1]
   cols += [('floor', 'floor ms', '.3f'), ('over', '1-step / floor', '.2f')]
@@ -166,7 +185,8 @@ def _columns(ks):
 
 
 def _table_row(r, ks):
-  row = {'lever': r['lever'], 'floor': r['floor_ms'], 'over': r['step_over_floor']}
+  row = {'lever': r['lever'], 'weights': r['weights'], 'floor': r['floor_ms'],
+         'over': r['step_over_floor']}
   row.update({f'ms{k}': r['ms'][k] for k in ks})
   row.update({f'bc{k}': r['block_cost'][k] for k in ks if k > 1})
   return row
@@ -202,8 +222,7 @@ def main(argv=None) -> dict:
   from specjax.runner import machine  # pylint: disable=import-outside-toplevel
   from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
   info = bc.print_machine()
-  host = bc.run_host() if hasattr(bc, 'run_host') else machine.host_record(
-      probe_bandwidth=not args.smoke)
+  host = bc.run_host()
   print(f"bandwidth: {host.get('mem_bw_gbs') or 0:.1f} GB/s (XLA streaming probe); "
         f'kernels: {cpu_kernels.status()}')
   result = {'machine': info, 'host': host, 'args': vars(args), 'kernels': cpu_kernels.status(),
@@ -211,9 +230,14 @@ def main(argv=None) -> dict:
   for name in args.models.split(','):
     result['models'].append(run_model(name.strip(), args, gate,
                                       lambda b: machine.bandwidth_floor_ms(b, host)))
+    result['rows'] = summary_rows(result)
     bc.write_json(args.out, result)
   if args.plot:
-    plot(result, args.plot)
+    path = args.plot if args.plot != 'auto' else str(
+        bc.REPO / 'docs' / 'figures' / f"block_cost-{host['host_id']}.png")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    plot(result, path)
+    result['plot'] = os.path.relpath(path, bc.REPO)
   bc.finish_load(gate, result, args.out)
   return result
 

@@ -4,7 +4,7 @@
 #   bash scripts/refresh_lock.sh            # newest versions setup.py's ranges allow
 #   bash scripts/refresh_lock.sh --no-upgrade   # keep the pins, re-resolve only what changed
 #
-# The lock pins every package of `pip install -e '.[test]'` to one exact version with the sha256
+# The lock pins every package of `pip install -e '.[test,bench]'` to one exact version with the sha256
 # of each of its files, for CPython 3.11 on Linux x86_64 (the Python of CI and of the hosts the
 # published figures were recorded on; the hashes cover every wheel of each pinned version, so it
 # usually installs on other Pythons and platforms too). torch is left out on purpose
@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 upgrade=--upgrade
 if [[ "${1:-}" == --no-upgrade ]]; then upgrade=; fi
 python3 -m pip install -q 'uv>=0.5'
-python3 -m uv pip compile setup.py --extra test \
+python3 -m uv pip compile setup.py --extra test --extra bench \
     --python-version 3.11 --python-platform x86_64-manylinux_2_28 \
     --generate-hashes $upgrade --override requirements/overrides.txt \
     --custom-compile-command 'bash scripts/refresh_lock.sh' \

@@ -188,8 +188,32 @@ def render_block_cost(records) -> str:
                  num(one / floor if one and floor else None, '.2f', 'X'),
                  *(num(by_k[k]['step_ms'] / one if k in by_k and one else None) for k in ks[1:]),
                  stamp(rec)])
-  return table(['host', '1-token step ms', 'bandwidth floor ms', 'step / floor',
-                *(f'K = {k}' for k in ks[1:]), 'recorded'], rows)
+  summary = table(['host', '1-token step ms', 'bandwidth floor ms', 'step / floor',
+                   *(f'K = {k}' for k in ks[1:]), 'recorded'], rows)
+  return summary + '\n\n' + _block_levers(recs)
+
+
+def _block_levers(recs) -> str:
+  """The newest host's levers: every model, batch and weight storage, 1-token step and costs."""
+  shown, note = detailed(recs)
+  out = []
+  for rec in shown:
+    models = rec['figures'].get('models', [])
+    ks = sorted({int(k) for m in models for b in m['batches'] for r in b['rows'] for k in r['ms']})
+    rows = [[m['model'], b['batch'], r['lever'], r.get('weights', '-'), num(r['ms'][str(1)]
+             if str(1) in r['ms'] else r['ms'].get(1), '.3f'),
+             num(r.get('step_over_floor'), '.2f', 'X'),
+             *(num(r['block_cost'].get(str(k), r['block_cost'].get(k))) for k in ks[1:])]
+            for m in models for b in m['batches'] for r in b['rows']]
+    if rows:
+      out.append(f'Levers on {host_cell(rec)} ({stamp(rec)}), ms per 1-token step and the '
+                 'block cost per K:\n\n' + table(
+                     ['target', 'batch', 'lever', 'weights', '1-token ms', 'step / floor',
+                      *(f'K = {k}' for k in ks[1:])], rows))
+  plot = shown[0]['figures'].get('plot') if shown else None
+  if plot and plot.startswith('docs/') and (REPO / plot).is_file():
+    out.append(f"![ms per step against K, per lever and target]({plot[len('docs/'):]})")
+  return '\n\n'.join(out) + note
 
 
 TF_CMD = 'python scripts/make_docs.py --only=bench_transformers'
@@ -205,11 +229,13 @@ def render_transformers(records) -> str:
     for pair in rec['figures'].get('pairs', []):
       rows = [[r['method'], num(r.get('tokens_per_s'), '.0f'),
                num(r.get('vs_tf_greedy'), '.2f', 'X'), num(r.get('vs_tf_assisted'), '.2f', 'X'),
-               'yes' if r.get('identical') else 'NO'] for r in pair['rows']]
+               num(r.get('vs_ct2'), '.2f', 'X'),
+               r['identical'] if isinstance(r.get('identical'), str)
+               else ('yes' if r.get('identical') else 'NO')] for r in pair['rows']]
       out.append(f"{pair['pair']} pair (gamma {pair.get('gamma')}), {host_cell(rec)} "
                  f"({stamp(rec)}):\n\n" + table(
                      ['batch 1, greedy', 'tokens/s', 'vs transformers greedy',
-                      'vs transformers assisted', 'same tokens'], rows))
+                      'vs transformers assisted', 'vs CTranslate2', 'same tokens'], rows))
   return '\n\n'.join(out) + note
 
 
