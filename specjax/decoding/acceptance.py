@@ -180,13 +180,30 @@ def block_verify(
   Greedy limit (one-hot p and q): w_i = 1 up to the first mismatch and 0 after it, rho_i = 1 only
   at the first mismatch, so tau and next_token are exactly `verify`'s for every key.
   """
-  G, V = q_GxV.shape
+  G = q_GxV.shape[0]
   n = jnp.int32(G) if n is None else jnp.asarray(n, jnp.int32)
+  q_GxV, p_G1xV = q_GxV.astype(jnp.float32), p_G1xV.astype(jnp.float32)
+  w_G1, h_G1 = block_stops(draft_tokens_G, q_GxV, p_G1xV, n)
+  idx_G1 = jnp.arange(G + 1)
+  key_u, key_next = jax.random.split(key)
+  stop_G1 = (jax.random.uniform(key_u, (G + 1,), dtype=jnp.float32) < h_G1) | (idx_G1 == 0)
+  tau = jnp.max(jnp.where(stop_G1, idx_G1, 0)).astype(jnp.int32)
+  p_V = p_G1xV[tau]
+  q_V = jnp.concatenate([q_GxV, jnp.zeros_like(p_V)[None]], axis=0)[tau]
+  diff_V = jnp.maximum(w_G1[tau] * p_V - q_V, 0.0)
+  total = jnp.sum(diff_V)
+  tiny = jnp.finfo(jnp.float32).tiny
+  next_dist_V = jnp.where((tau < n) & (total > 0), diff_V / jnp.maximum(total, tiny), p_V)
+  return tau, sample(key_next, next_dist_V)
+
+
+def block_stops(draft_tokens_G, q_GxV, p_G1xV, n):
+  """block_verify's weights w_0 .. w_G and its right-to-left stop probabilities h_0 .. h_G
+  (h_n = w_n, h_i = rho_i / (rho_i + 1 - w_i) below n, 0 above), float32 [G1] each."""
+  G, V = q_GxV.shape
   idx_G = jnp.arange(G)
   x_G = draft_tokens_G.astype(jnp.int32)
   x_Gx1 = jnp.clip(x_G, 0, V - 1)[:, None]
-  q_GxV = q_GxV.astype(jnp.float32)
-  p_G1xV = p_G1xV.astype(jnp.float32)
   qx_G = jnp.take_along_axis(q_GxV, x_Gx1, axis=-1)[:, 0]
   px_G = jnp.take_along_axis(p_G1xV[:G], x_Gx1, axis=-1)[:, 0]
   tiny = jnp.finfo(jnp.float32).tiny
@@ -202,16 +219,7 @@ def block_verify(
   h_G = jnp.where(denom_G > 0, rho_G / jnp.maximum(denom_G, tiny), 1.0)
   idx_G1 = jnp.arange(G + 1)
   h_G1 = jnp.concatenate([h_G, jnp.zeros((1,), jnp.float32)])
-  h_G1 = jnp.where(idx_G1 == n, w_G1[jnp.minimum(n, G)], jnp.where(idx_G1 > n, 0.0, h_G1))
-  key_u, key_next = jax.random.split(key)
-  stop_G1 = (jax.random.uniform(key_u, (G + 1,), dtype=jnp.float32) < h_G1) | (idx_G1 == 0)
-  tau = jnp.max(jnp.where(stop_G1, idx_G1, 0)).astype(jnp.int32)
-  p_V = p_G1xV[tau]
-  q_V = jnp.concatenate([q_GxV, jnp.zeros_like(p_V)[None]], axis=0)[tau]
-  diff_V = jnp.maximum(w_G1[tau] * p_V - q_V, 0.0)
-  total = jnp.sum(diff_V)
-  next_dist_V = jnp.where((tau < n) & (total > 0), diff_V / jnp.maximum(total, tiny), p_V)
-  return tau, sample(key_next, next_dist_V)
+  return w_G1, jnp.where(idx_G1 == n, w_G1[jnp.minimum(n, G)], jnp.where(idx_G1 > n, 0.0, h_G1))
 
 
 # ----------------------------------------------------------------------------- trees

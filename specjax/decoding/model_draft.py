@@ -48,7 +48,29 @@ def first_logits(model: T5Model, cache: DecoderCache, seq_BxN, lengths_B):
 
 
 @struct.dataclass
-class ModelDraft:
+class T5Draft:
+  """What both forms of a model draft share: the model, its cache, and `resync`."""
+  model: T5Model
+
+  @property
+  def vocab_size(self) -> int:
+    return self.model.config.vocab_size
+
+  def init(self, input_ids_BxS, max_len: int) -> DecoderCache:
+    return self.model.init_cache(input_ids_BxS, max_len)
+
+  def resync(self, cache: DecoderCache, seq_BxN, lengths_B) -> DecoderCache:
+    """The whole buffer re-fed teacher-forced in one pass (positions past a row's length are
+    masked later): after plain decoding steps the cache lags the committed prefix."""
+    del lengths_B
+    zeros_B = jnp.zeros((seq_BxN.shape[0],), jnp.int32)
+    _, cache = t5_lib.decode_hidden(self.model.params, self.model.config, cache,
+                                    seq_BxN[:, :cache.max_len], zeros_B)
+    return cache
+
+
+@struct.dataclass
+class ModelDraft(T5Draft):
   """A smaller T5 as the draft: up to gamma autoregressive steps on its own cache.
 
   The first pass (module docstring) is made even when no row proposes (it keeps the invariant);
@@ -59,26 +81,9 @@ class ModelDraft:
   choice): q is deterministic given the prefix, so the output law stays exact, and so does every
   length rule. Stop rules still judge by the draft's processed distribution (`protocol.views`).
   """
-  model: T5Model
   argmax: bool = struct.field(pytree_node=False, default=False)
 
-  @property
-  def vocab_size(self) -> int:
-    return self.model.config.vocab_size
-
-  def init(self, input_ids_BxS, max_len: int) -> DecoderCache:
-    return self.model.init_cache(input_ids_BxS, max_len)
-
   def commit(self, cache: DecoderCache, seq_BxN, lengths_B) -> DecoderCache:
-    return cache
-
-  def resync(self, cache: DecoderCache, seq_BxN, lengths_B) -> DecoderCache:
-    """The whole buffer re-fed teacher-forced in one pass (positions past a row's length are
-    masked later): after plain decoding steps the cache lags the committed prefix."""
-    del lengths_B
-    zeros_B = jnp.zeros((seq_BxN.shape[0],), jnp.int32)
-    _, cache = t5_lib.decode_hidden(self.model.params, self.model.config, cache,
-                                    seq_BxN[:, :cache.max_len], zeros_B)
     return cache
 
   def as_tree(self) -> TreeModelDraft:
@@ -111,22 +116,11 @@ class ModelDraft:
 
 
 @struct.dataclass
-class TreeModelDraft:
+class TreeModelDraft(T5Draft):
   """A smaller T5 expanding a token tree level by level (D batched calls per iteration); see the
   module docstring for its cache. `candidates`: 'wor' (default) or 'iid'
   (specjax.decoding.candidates)."""
-  model: T5Model
   candidates: str = struct.field(pytree_node=False, default='wor')
-
-  @property
-  def vocab_size(self) -> int:
-    return self.model.config.vocab_size
-
-  def init(self, input_ids_BxS, max_len: int) -> DecoderCache:
-    return self.model.init_cache(input_ids_BxS, max_len)
-
-  def resync(self, cache: DecoderCache, seq_BxN, lengths_B) -> DecoderCache:
-    return ModelDraft(self.model).resync(cache, seq_BxN, lengths_B)
 
   def propose_tree(self, cache, seq_BxN, lengths_B, keys_B, shape: TreeShape,
                    sampling) -> TreeProposal:

@@ -179,18 +179,13 @@ class TreeStats(SpecStats):
     return float(np.sum(self.accepted) / max(int(np.sum(self.levels)), 1))
 
   @property
-  def acceptance_rate(self) -> float:
-    """The empirical acceptance of a tree: `level_acceptance`."""
-    return self.level_acceptance
-
-  @property
   def nodes_per_target_call(self) -> float:
+    """Nodes verified per target call (a chain's proposed tokens per call)."""
     return per_target_call(self.verified, self.target_calls)
 
-  @property
-  def proposed_per_target_call(self) -> float:
-    """Nodes verified per target call (a chain's proposed tokens per call)."""
-    return self.nodes_per_target_call
+  # The empirical acceptance of a tree is its per-level acceptance; what it proposes, its nodes.
+  acceptance_rate = level_acceptance
+  proposed_per_target_call = nodes_per_target_call
 
   @property
   def mean_accepted(self) -> float:
