@@ -87,8 +87,8 @@ def autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, samplin
 def plain_decode(model, input_ids, *, max_new_tokens: int, sampling, eos_id, rng) -> DecodeOutput:
   """autoregressive_decode without slots (the sampling already validated)."""
   engine.check_inputs(input_ids, max_new_tokens, None, sampling, model.config.vocab_size, None)
-  eos = model.config.eos_token_id if eos_id is None else int(eos_id)
   out = autoregressive_program(model, jnp.asarray(input_ids, jnp.int32), engine.as_key(rng),
-                               max_new_tokens=int(max_new_tokens), sampling=sampling, eos_id=eos)
+                               max_new_tokens=int(max_new_tokens), sampling=sampling,
+                               eos_id=engine.eos_of(model, eos_id))
   engine.raise_on_nan(out.stats['nan'], 'autoregressive_decode')
   return out.to_host()

@@ -106,8 +106,8 @@ def speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tok
       trace_proposed=state.trace_proposed if trace else None)
 
 
-def chain_decode(target, draft, input_ids, opts, rng) -> DecodeOutput:
-  """speculative_decode with a chain (options already validated by loop.SpecOptions)."""
+def run(target, draft, input_ids, opts, rng) -> DecodeOutput:
+  """The chain loop for validated options (loop.speculative_decode dispatches here)."""
   draft = as_draft(draft)
   out = speculative_program(target, draft, jnp.asarray(input_ids, jnp.int32), engine.as_key(rng),
                             gamma=opts.gamma, max_new_tokens=opts.max_new_tokens,

@@ -76,11 +76,10 @@ class LoopState:
     return jnp.take_along_axis(self.seq, self.lengths[:, None], axis=1)
 
 
-def init_state(target, draft, input_ids_BxS, rng, *, form, max_new_tokens: int, stats_cls=SpecStats,
-               **extra) -> LoopState:
-  """Runs the target's encoder (and the draft's, if it has one) once and builds the state;
-  `extra` are the fields a subclass of LoopState adds (its class is `extra['cls']`)."""
-  cls = extra.pop('cls', LoopState)
+def init_state(target, draft, input_ids_BxS, rng, *, form, max_new_tokens: int, cls=LoopState,
+               stats_cls=SpecStats, **extra) -> LoopState:
+  """Runs the target's encoder (and the draft's, if it has one) once and builds the state of
+  class `cls` (a LoopState; `extra` are the fields a subclass adds)."""
   b = input_ids_BxS.shape[0]
   cache_len = max_new_tokens + form.block_len
   seq = jnp.zeros((b, max_new_tokens + form.width + 2), jnp.int32)
@@ -266,6 +265,11 @@ def check_inputs(input_ids, max_new_tokens, gamma, sampling, vocab_target, vocab
                      'the draft must share the target vocabulary')
   if lo < 0 or hi >= vocab_target:
     raise ValueError(f'input_ids out of range [0, {vocab_target})')
+
+
+def eos_of(target, eos_id) -> int:
+  """The token that ends a row: `eos_id`, or the target's eos_token_id when None."""
+  return target.config.eos_token_id if eos_id is None else int(eos_id)
 
 
 def draft_vocab(draft) -> int:

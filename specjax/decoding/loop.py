@@ -84,8 +84,8 @@ def speculative_decode(target: T5Model, draft, input_ids, options: SpecOptions |
     return refill.run(target, draft, input_ids, opts, rng)
   draft = check_call(target, draft, input_ids, opts)
   if opts.tree is not None:
-    return tree.tree_decode(target, draft, input_ids, opts, rng)
-  return chain.chain_decode(target, draft, input_ids, opts, rng)
+    return tree.run(target, draft, input_ids, opts, rng)
+  return chain.run(target, draft, input_ids, opts, rng)
 
 
 def autoregressive_decode(model: T5Model, input_ids, *, max_new_tokens: int,

@@ -18,6 +18,7 @@ import numpy as np
 from specjax.decoding import acceptance, engine, protocol, stopping
 from specjax.decoding.auto import Auto, parse_gamma
 from specjax.decoding.model_draft import as_draft
+from specjax.decoding.registry import DRAFTS
 from specjax.decoding.sampling import Sampling
 from specjax.decoding.shapes import TreeShape, parse_tree
 
@@ -91,7 +92,7 @@ class SpecOptions:
     return self.auto.g_max if self.auto is not None else int(self.gamma)
 
   def eos_for(self, target) -> int:
-    return target.config.eos_token_id if self.eos_id is None else int(self.eos_id)
+    return engine.eos_of(target, self.eos_id)
 
   @classmethod
   def from_kwargs(cls, **kw) -> SpecOptions:
@@ -147,7 +148,10 @@ def _verifier_field(kw: dict[str, Any]) -> None:
 
 def check_call(target, draft, input_ids, opts: SpecOptions):
   """The checks that need the models and the input, before anything is compiled; returns the
-  draft in the form the call runs (a T5Model wrapped; a tree draft for tree=)."""
+  draft in the form the call runs (a registered draft's name built for the target, a T5Model
+  wrapped, a tree draft for tree=)."""
+  if isinstance(draft, str):
+    draft = DRAFTS.lookup(draft).from_target(target)
   draft = as_draft(draft)
   if opts.tree is not None:
     if not hasattr(target, 'decode_tree'):

@@ -164,6 +164,23 @@ def verify_pass(target, draft, cache, block_BxG1, lengths_B):
   return logits, None, cache
 
 
+@struct.dataclass
+class StatelessDraft:
+  """A base for drafts without per-batch state: `vocab_size` (from the target by
+  `from_target`, how a registered name becomes a draft), an empty state, nothing to commit."""
+  vocab_size: int = struct.field(pytree_node=False)
+
+  @classmethod
+  def from_target(cls, target):
+    return cls(vocab_size=target.config.vocab_size)
+
+  def init(self, input_ids_BxS, max_len: int):
+    return ()
+
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
+
+
 @runtime_checkable
 class Draft(Protocol):
   """The interface every draft implements (see the module docstring for the contract)."""

@@ -33,6 +33,7 @@ from specjax.decoding import acceptance, engine, protocol, stopping
 from specjax.decoding.candidates import (CANDIDATES, draw_children, draw_tokens,  # noqa: F401
                                          sibling_laws)
 from specjax.decoding.model_draft import TreeModelDraft, as_draft
+from specjax.decoding.options import SpecOptions, check_call
 from specjax.decoding.protocol import TargetFeatures, TreeProposal
 from specjax.decoding.shapes import TreeShape, parse_tree, parse_trees
 from specjax.decoding.stats import DecodeOutput, TreeStats, Verdict
@@ -149,8 +150,19 @@ def tree_program(target, draft, input_ids_BxS, rng, *, shape, max_new_tokens, sa
                       lengths=state.lengths, stats=state.stats)
 
 
-def tree_decode(target, draft, input_ids, opts, rng) -> DecodeOutput:
-  """speculative_decode with a tree (options validated by loop.SpecOptions; stats a TreeStats)."""
+def tree_decode(target, draft, input_ids, *, tree, max_new_tokens: int, temperature: float = 0.0,
+                top_k: int = 0, top_p: float = 1.0, rng=None, eos_id: int | None = None,
+                verifier='token') -> DecodeOutput:
+  """Exact tree speculative decoding: `speculative_decode(..., tree=...)`, validated. stats is a
+  TreeStats."""
+  opts = SpecOptions.from_kwargs(tree=tree, max_new_tokens=max_new_tokens,
+                                 temperature=temperature, top_k=top_k, top_p=top_p,
+                                 eos_id=eos_id, verifier=verifier)
+  return run(target, check_call(target, draft, input_ids, opts), input_ids, opts, rng)
+
+
+def run(target, draft, input_ids, opts: SpecOptions, rng) -> DecodeOutput:
+  """The tree loop for validated options (loop.speculative_decode dispatches here)."""
   draft = as_tree_draft(draft)
   out = tree_program(target, draft, jnp.asarray(input_ids, jnp.int32), engine.as_key(rng),
                      shape=opts.tree, max_new_tokens=opts.max_new_tokens, sampling=opts.sampling,
