@@ -31,12 +31,10 @@ def blocks() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def pair():
-  config = testing.tiny_config('original')
-  target = testing.tiny_t5(config, seed=1, scale=4.0)
-  target = target.replace(params=testing.spread_params(target.params, 1, emb=0.5, final_norm=8.0))
+  target, draft = testing.spread_pair()
   ids = np.random.RandomState(0).randint(2, 64, (4, 6)).astype(np.int32)
   ids[1, 3:] = 0
-  return target, testing.add_noise(target, 0.3, 1), ids
+  return target, draft, ids
 
 
 @pytest.fixture

@@ -20,11 +20,9 @@ from specjax.decoding.shapes import TreeShape, Wide
 
 @functools.lru_cache(maxsize=None)
 def pair():
-  config = testing.tiny_config('original')
-  target = testing.tiny_t5(config, seed=1, scale=4.0)
-  target = target.replace(params=testing.spread_params(target.params, 1, emb=0.5, final_norm=8.0))
+  target, draft = testing.spread_pair()
   ids = np.random.RandomState(0).randint(2, 64, (3, 5)).astype(np.int32)
-  return target, testing.add_noise(target, 0.3, 1), ids
+  return target, draft, ids
 
 
 def test_keywords_become_typed_fields():

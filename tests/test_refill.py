@@ -31,11 +31,7 @@ EOS = 23  # a token the tiny target emits often: four rows end early, three at M
 
 @functools.lru_cache(maxsize=None)
 def pair():
-  config = testing.tiny_config('original')
-  params = testing.spread_params(init_params(config, jax.random.PRNGKey(1), scale=4.0), 1, emb=0.5,
-                                 final_norm=8.0)  # as tests/test_decoding.py: no instant loops
-  target = T5Model(params=params, config=config)
-  return target, testing.add_noise(target, 0.3, 1)
+  return testing.spread_pair()  # as tests/test_decoding.py: no instant loops
 
 
 def prompts():
