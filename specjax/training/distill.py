@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import optax
 
 from specjax.decoding import loop as decoding
+from specjax.decoding import theory
 from specjax.models.checkpoints import load_t5
 from specjax.models.t5 import T5Config, shift_right, teacher_forced_logits
 from specjax.training import trainer
@@ -47,7 +48,7 @@ def agreement_sums(teacher_logits, student_logits, mask_BxT):
   """(sum of sum_x min(p, q), sum of argmax agreement, count) over masked positions."""
   p = jax.nn.softmax(teacher_logits.astype(jnp.float32), -1)
   q = jax.nn.softmax(student_logits.astype(jnp.float32), -1)
-  overlap = jnp.sum(jnp.minimum(p, q), -1)
+  overlap = theory.beta(p, q)
   top1 = (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(jnp.float32)
   return jnp.sum(overlap * mask_BxT), jnp.sum(top1 * mask_BxT), jnp.sum(mask_BxT)
 

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.decoding import theory
 from specjax.models import head as head_lib
 from specjax.models import t5
 from specjax.models.checkpoints import load_t5
@@ -82,7 +83,7 @@ def pass_sums(view, feat, logits, mask_BxT):
   log_q = jax.nn.log_softmax(logits, -1)
   p = jnp.exp(log_p)
   kl = jnp.sum(p * (log_p - log_q), -1)
-  overlap = jnp.sum(jnp.minimum(p, jnp.exp(log_q)), -1)
+  overlap = theory.beta(p, jnp.exp(log_q))
   top1 = (jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)).astype(jnp.float32)
   return {k: jnp.sum(v * mask_BxT) for k, v in
           (('feat', feat_err), ('kl', kl), ('alpha', overlap), ('top1', top1))}
