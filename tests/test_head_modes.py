@@ -142,6 +142,7 @@ def test_head_tree_controls_are_detected(control):
 
 def test_head_with_block_verification_follows_target_law():
   p, stats = fh.law_pvalue(T1, verifier='block')
+  print(f'head + block verification: p = {p:.3g}, accepted {np.asarray(stats.accepted_hist).sum(0)}')
   assert np.asarray(stats.accepted_hist).sum(0).min() > 1000
   assert p > 1e-3, p
 
@@ -149,6 +150,7 @@ def test_head_with_block_verification_follows_target_law():
 def test_head_with_block_verification_reused_noise_is_detected(monkeypatch):
   fh.reuse_step_noise(monkeypatch)
   p, _ = fh.law_pvalue(T1, verifier='block', draft_cls=fh.ReusedNoiseHead)
+  print(f'head + block verification, control reused noise: p = {p:.3g}')
   assert p < 1e-6, p
 
 
