@@ -125,9 +125,11 @@ def refill_rows(args, target, draft, padded, temperature: float, b: int, m: int)
   for g in sorted(set(gammas + [args.gamma])):
     fns[f'spec g={g} refill'] = keep(f'spec g={g} refill', lambda g=g: [
         decoding.speculative_decode(target, draft, queue, gamma=g, slots=b, **kw)])
+  # gamma='auto' measures its cost curve at every call unless it is given one: measure it once.
+  auto = refill.measured(target, draft, queue[:b], refill.Auto(g_max=max(gammas)),
+                         max_new_tokens=m, sampling=decoding.make_sampling(temperature))
   fns['spec auto refill'] = keep('spec auto refill', lambda: [
-      decoding.speculative_decode(target, draft, queue, gamma=f'auto:{max(gammas)}', slots=b,
-                                  **kw)])
+      decoding.speculative_decode(target, draft, queue, auto=auto, slots=b, **kw)])
   t = bc.interleave(fns, repeats=args.repeats, shuffle=True)
   rows = []
   for name in fns:

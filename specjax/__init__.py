@@ -12,14 +12,16 @@ from typing import TYPE_CHECKING
 
 # public name -> module that defines it
 _EXPORTS = {
-    'acceptance': 'specjax.decoding.acceptance',
-    'protocol': 'specjax.decoding.protocol',
+    'acceptance': 'specjax.acceptance',
+    'protocol': 'specjax.protocol',
     'stopping': 'specjax.stopping',
     **{name: 'specjax.decoding.drafts' for name in (
         'BigramDraft', 'ModelDraft', 'PromptLookupDraft', 'UnigramDraft', 'fit_bigram',
         'fit_unigram', 'load_ngram', 'save_ngram')},
     **{name: 'specjax.decoding.loop' for name in (
         'DecodeOutput', 'SpecStats', 'autoregressive_decode', 'speculative_decode')},
+    'SpecOptions': 'specjax.decoding.options',
+    'FeatureHeadDraft': 'specjax.decoding.feature_head',
     'Draft': 'specjax.decoding.protocol',
     'Proposal': 'specjax.decoding.protocol',
     'Sampling': 'specjax.decoding.sampling',
@@ -36,7 +38,7 @@ def __getattr__(name: str):
   if module is None:
     raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
   mod = importlib.import_module(module)
-  value = mod if module.rsplit('.', 1)[-1] == name else getattr(mod, name)
+  value = mod if module == f'{__name__}.{name}' else getattr(mod, name)
   globals()[name] = value  # later lookups skip __getattr__
   return value
 
@@ -46,8 +48,9 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
-  from specjax import stopping  # noqa: F401
-  from specjax.decoding import acceptance, protocol  # noqa: F401
+  from specjax import acceptance, protocol, stopping  # noqa: F401
+  from specjax.decoding.feature_head import FeatureHeadDraft  # noqa: F401
+  from specjax.decoding.options import SpecOptions  # noqa: F401
   from specjax.decoding.drafts import (BigramDraft, ModelDraft, PromptLookupDraft,  # noqa: F401
                                        UnigramDraft, fit_bigram, fit_unigram, load_ngram,
                                        save_ngram)

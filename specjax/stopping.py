@@ -1,13 +1,14 @@
-"""Stop rules for adaptive draft length: `specjax.speculative_decode(..., gamma=G_MAX, stop=RULE)`.
+"""`specjax.stopping` is specjax.decoding.stopping: stop rules for adaptive drafting,
+`specjax.speculative_decode(..., gamma=G_MAX, stop=RULE)`.
 
 Exact rules (the output law is the target's): Fixed, Confidence, Entropy, AlphaTracked.
-UnsafeDropLowConfidence is biased on purpose (see its docstring). Definitions and the exactness
-rule: specjax.decoding.stopping.
+UnsafeDropLowConfidence is biased on purpose (see its docstring). A new rule is one class with
+`@specjax.stopping.register('name')`. `from specjax.stopping import Confidence` and
+`from specjax import stopping` give the same module.
 """
 
-from specjax.decoding.stopping import (AlphaTracked, Confidence, Entropy, Fixed, StopRule,
-                                       UnsafeDropLowConfidence, entropy, optimal_gammas, parse,
-                                       spec)
+import sys
 
-__all__ = ['AlphaTracked', 'Confidence', 'Entropy', 'Fixed', 'StopRule',
-           'UnsafeDropLowConfidence', 'entropy', 'optimal_gammas', 'parse', 'spec']
+from specjax.decoding import stopping as _module
+
+sys.modules[__name__] = _module

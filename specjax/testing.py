@@ -64,6 +64,14 @@ def spread_params(params, seed: int, *, emb=None, final_norm: float = 1.0, rel_b
   return params
 
 
+def spread_pair(noise: float = 0.3, seed: int = 1) -> tuple[T5Model, T5Model]:
+  """(target, draft): the tiny original-family T5 with spread-out logits whose greedy output
+  varies (no instant loops), and its copy with weight noise as the draft."""
+  target = tiny_t5(tiny_config('original'), seed=seed, scale=4.0)
+  target = target.replace(params=spread_params(target.params, seed, emb=0.5, final_norm=8.0))
+  return target, add_noise(target, noise, seed)
+
+
 def add_noise(model: T5Model, eps: float, seed: int) -> T5Model:
   """The model with eps * std(w) Gaussian noise on every matrix (norm vectors kept)."""
   leaves, treedef = jax.tree.flatten(model.params)

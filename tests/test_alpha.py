@@ -33,11 +33,11 @@ def processed(p_V):
   return np.asarray(sampling_lib.probs(_logits(p_V), sampling_lib.Sampling(1.0)), np.float64)
 
 
-def run_stubs(p_V, q_V, gamma, verify_fn=None):
+def run_stubs(p_V, q_V, gamma, rule=None):
   target, draft = stub_pair(p_V, q_V)
   out = speculative_decode(target, draft, np.full((B_IID, 2), 3, np.int32), gamma=gamma,
                            max_new_tokens=M_IID, temperature=1.0, rng=jax.random.PRNGKey(gamma),
-                           eos_id=-1, verify_fn=verify_fn)
+                           eos_id=-1, verifier=acceptance.FunctionVerifier(rule) if rule else 'token')
   assert (np.asarray(out.lengths) == M_IID).all()
   return jax.device_get(out)
 
@@ -147,7 +147,7 @@ def test_dropped_bonus_is_detected_by_tokens_per_call():
   # Negative control for the tokens-per-call check: a loop that forgets the bonus token.
   gamma = 3
   alpha = float(np.minimum(processed(P_V), processed(Q_V)).sum())
-  stats = run_stubs(P_V, Q_V, gamma, verify_fn=verify_dropped_bonus).stats
+  stats = run_stubs(P_V, Q_V, gamma, rule=verify_dropped_bonus).stats
   mean, se = per_call_mean_and_se(np.asarray(stats.accepted_hist).sum(0))
   assert abs(mean - tokens_per_call_formula(alpha, gamma)) > 10 * se, (mean, se)
   assert abs(mean - (1 - alpha ** gamma) / (1 - alpha)) < 4 * se, (mean, se)

@@ -265,4 +265,8 @@ def test_greedy_limit_equals_token_verification():
 
 
 def test_registered_as_block():
-  assert acceptance.VERIFIERS['block'] is acceptance.block_verify
+  rule = acceptance.VERIFIERS['block']
+  assert isinstance(rule, acceptance.BlockVerifier) and acceptance.verifier_for('block') is rule
+  assert acceptance.VERIFIERS.name_of(rule) == 'block'
+  with pytest.raises(ValueError, match='has no tree form'):
+    rule.verify_tree(None, None, None, None, None)

@@ -7,8 +7,9 @@ One batched speculative_decode call generates the first M = 3 tokens of N = 20,0
 with the exact target law, enumerated from teacher-forced target logits on all V^2 prefixes and
 processed with specjax.decoding.sampling.probs under the same Sampling (temperature, top-k, top-p). The
 draft is an independent random T5, so q != p and rejections, residual draws and bonus tokens are
-all frequent. The same helper is run with deliberately broken verify functions: each must be
-rejected with p < 1e-6, which shows the test has the power to see those bugs.
+all frequent. The same helper is run with deliberately broken verification rules (bare functions
+handed to the loop as acceptance.FunctionVerifier): each must be rejected with p < 1e-6, which
+shows the test has the power to see those bugs.
 
 gamma = 2 with M = 3: a fully accepted first block emits the bonus token as token 3, a rejection
 emits a residual draw at token 1 or 2 and a second iteration (the draft's catch-up path) follows.
@@ -24,7 +25,7 @@ import pytest
 from flax import struct
 
 from chi2 import chi2_pvalue  # tests/chi2.py
-from specjax.decoding import acceptance
+from specjax.decoding import acceptance, protocol
 from specjax.decoding.loop import speculative_decode
 from specjax.decoding.drafts import ModelDraft
 from specjax.decoding.sampling import Sampling, probs, sample
@@ -75,23 +76,25 @@ def exact_law(sampling):
 
 
 @functools.lru_cache(maxsize=None)
-def generate(sampling, verify_fn=None, draft_cls=None):
-  """One batched call: N rows x M tokens -> (counts over V^3 cells, stats)."""
+def generate(sampling, rule=None, draft_cls=None):
+  """One batched call: N rows x M tokens -> (counts over V^3 cells, stats). `rule`: a broken
+  verification function (acceptance.verify's signature) run in place of the token rule."""
   target, draft = models()
   if draft_cls is not None:
     draft = draft_cls(model=draft)
   out = speculative_decode(
       target, draft, np.repeat(PROMPT, N, axis=0), gamma=GAMMA, max_new_tokens=M,
       temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-      rng=jax.random.PRNGKey(SEED), eos_id=-1, verify_fn=verify_fn)
+      rng=jax.random.PRNGKey(SEED), eos_id=-1,
+      verifier=acceptance.FunctionVerifier(rule) if rule else 'token')
   tokens = np.asarray(out.tokens)
   assert tokens.shape == (N, M) and (np.asarray(out.lengths) == M).all()  # eos -1 never ends
   codes = tokens @ np.array([V * V, V, 1])
   return np.bincount(codes, minlength=V ** 3), jax.device_get(out.stats)
 
 
-def law_pvalue(name, sampling, verify_fn=None, draft_cls=None):
-  counts, stats = generate(sampling, verify_fn, draft_cls)
+def law_pvalue(name, sampling, rule=None, draft_cls=None):
+  counts, stats = generate(sampling, rule, draft_cls)
   p = chi2_pvalue(counts, exact_law(sampling))
   print(f'{name}: chi-square p = {p:.3g}')  # shown with pytest -rP
   return p, stats
@@ -165,14 +168,18 @@ def test_negative_controls_are_detected(name):
 
 @struct.dataclass
 class ReusedNoiseDraft(ModelDraft):
-  """(d) The draft samples every step with step 0's Gumbel noise: each draft token alone is still
-  a draw from its q, but the block's tokens are dependent, so q is not the law they were drawn
-  from given the earlier drafts."""
-
-  def step_noise(self, gumbel_BxGxV, i):
-    return gumbel_BxGxV[:, 0]
+  """(d) A ModelDraft of its own class, so that its program is its own and is traced while
+  `reuse_step_noise` is in force."""
 
 
-def test_reused_draft_noise_is_detected():
+def reuse_step_noise(monkeypatch):
+  """Every draft step samples with step 0's Gumbel noise: each draft token alone is still a draw
+  from its q, but the block's tokens are dependent, so q is not the law they were drawn from
+  given the earlier drafts."""
+  monkeypatch.setattr(protocol, 'step_noise', lambda gumbel_BxGxV, k: gumbel_BxGxV[:, 0])
+
+
+def test_reused_draft_noise_is_detected(monkeypatch):
+  reuse_step_noise(monkeypatch)
   p, _ = law_pvalue('control:reused_draft_noise', SETTINGS['temp1'], draft_cls=ReusedNoiseDraft)
   assert p < 1e-6, p

@@ -229,15 +229,16 @@ def verify_accept_all(key, draft_tokens_G, q_GxV, p_G1xV, n=None):
   return n, jnp.argmax(p_G1xV[n]).astype(jnp.int32)
 
 
-def test_custom_verify_fn_is_used_in_greedy_mode():
-  # The greedy fast path replaces the registered verifiers only: a research verify_fn must run.
+def test_custom_verifier_is_used_in_greedy_mode():
+  # The greedy fast path replaces the registered verifiers only: a research rule must run.
   p_V = np.array([0.3, 0.2, 0.15, 0.1, 0.1, 0.05, 0.05, 0.05])
   target, draft = testing.stub_pair(p_V, p_V[::-1])  # greedy: target says 0, the draft 7
   ids = np.full((2, 2), 3, np.int32)
   kw = dict(gamma=3, max_new_tokens=8, eos_id=-1)
   plain = speculative_decode(target, draft, ids, **kw)
   assert (plain.tokens == 0).all() and int(np.sum(plain.stats.accepted)) == 0
-  custom = speculative_decode(target, draft, ids, verify_fn=verify_accept_all, **kw)
+  custom = speculative_decode(target, draft, ids,
+                              verifier=acceptance.FunctionVerifier(verify_accept_all), **kw)
   assert (custom.tokens == 7).any() and int(np.sum(custom.stats.accepted)) > 0
   with pytest.raises(ValueError, match='verifier'):
     speculative_decode(target, draft, ids, verifier='nope', **kw)

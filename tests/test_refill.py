@@ -21,6 +21,7 @@ import pytest
 from chi2 import chi2_pvalue  # tests/chi2.py
 from specjax import testing
 from specjax.decoding import loop, refill
+from specjax.decoding import queue as queue_lib
 from specjax.decoding.sampling import Sampling, probs
 from specjax.models.t5 import T5Config, T5Model, init_params
 
@@ -30,11 +31,7 @@ EOS = 23  # a token the tiny target emits often: four rows end early, three at M
 
 @functools.lru_cache(maxsize=None)
 def pair():
-  config = testing.tiny_config('original')
-  params = testing.spread_params(init_params(config, jax.random.PRNGKey(1), scale=4.0), 1, emb=0.5,
-                                 final_norm=8.0)  # as tests/test_decoding.py: no instant loops
-  target = T5Model(params=params, config=config)
-  return target, testing.add_noise(target, 0.3, 1)
+  return testing.spread_pair()  # as tests/test_decoding.py: no instant loops
 
 
 def prompts():
@@ -137,7 +134,7 @@ def compact_without_cache(st, width):
   return narrowed.replace(target_cache=jax.tree.map(lambda x: x[:width], st.target_cache))
 
 
-_COMPACT = refill._compact  # pylint: disable=protected-access
+_COMPACT = queue_lib.compact
 
 
 def test_tail_shrink_keeps_tokens_and_saves_row_iterations(monkeypatch):
@@ -165,7 +162,7 @@ def test_tail_shrink_keeps_tokens_and_saves_row_iterations(monkeypatch):
       ref = loop.autoregressive_decode(target, ids, max_new_tokens=M, eos_id=EOS)
       np.testing.assert_array_equal(outs[True].tokens, ref.tokens)
   # The control (rows separated from their caches) changes the tokens: the check has power.
-  monkeypatch.setattr(refill, '_compact', compact_without_cache)
+  monkeypatch.setattr(queue_lib, 'compact', compact_without_cache)
   bad = refill.refill_decode(target, draft, ids, gamma=GAMMA, max_new_tokens=M + 1, eos_id=EOS,
                              slots=16)
   good = refill.refill_decode(target, draft, ids, gamma=GAMMA, max_new_tokens=M + 1, eos_id=EOS,
@@ -199,7 +196,7 @@ def test_auto_greedy_identical_and_reports_choices():
   target, draft = pair()
   auto = refill.Auto(g_max=2, prior=1.0, prior_weight=1.0, probe_every=2,
                      costs=((1.0, 1.8, 2.5), 0.05))
-  out = loop.speculative_decode(target, draft, prompts(), gamma=auto, max_new_tokens=M,
+  out = loop.speculative_decode(target, draft, prompts(), auto=auto, max_new_tokens=M,
                                 eos_id=EOS, slots=3)
   np.testing.assert_array_equal(out.tokens, lockstep_greedy().tokens)
   hist = np.asarray(out.stats.gamma_hist)
@@ -242,23 +239,31 @@ def refill_nothing(slot_state, queue_state, take_B, req_B):
   return slot_state
 
 
-@functools.lru_cache(maxsize=None)
-def law_pvalues(refill_fn=refill.take_rows):
-  target, draft = law_models()
+def alternating_law_pvalues(target, draft, *, extra_tokens=0, **kw):
+  """Per prompt, the chi-square p of the first ML tokens of the requests of PROMPT_A and
+  PROMPT_B (alternating in one queue of 2 N_PER through SLOTS slots, T = 1) against the target
+  law, and the output. `extra_tokens` > 0 gives a control a program of its own (a longer loop)."""
   ids = np.array([PROMPT_A, PROMPT_B] * N_PER, np.int32)  # request r has prompt r % 2
-  # alpha ~ 0.6 here: the cost curve makes auto switch between plain steps and gamma 1..2.
-  auto = refill.Auto(g_max=G_LAW, prior=1.0, prior_weight=1.0, probe_every=3,
-                     costs=((1.0, 1.8, 2.5), 0.05))
-  out = refill.refill_decode(target, draft, ids, slots=SLOTS, gamma=auto, max_new_tokens=ML,
-                             temperature=1.0, rng=2023, eos_id=-1, refill_fn=refill_fn)
-  tokens = np.asarray(out.tokens)
-  assert (np.asarray(out.lengths) == ML).all()
-  codes = tokens @ np.array([VL * VL, VL, 1])
+  m = ML + extra_tokens
+  out = loop.speculative_decode(target, draft, ids, slots=SLOTS, max_new_tokens=m,
+                                temperature=1.0, rng=2023, eos_id=-1, **kw)
+  assert (np.asarray(out.lengths) == m).all()
+  codes = np.asarray(out.tokens)[:, :ML] @ np.array([VL * VL, VL, 1])
   sampling = Sampling(temperature=1.0)
   ps = [chi2_pvalue(np.bincount(codes[k::2], minlength=VL ** 3), exact_law(pr, sampling))
         for k, pr in enumerate((PROMPT_A, PROMPT_B))]
-  print(f'refill law ({refill_fn.__name__}): p = {ps}, gamma_hist '
-        f'{np.asarray(out.stats.gamma_hist)}')
+  return ps, out
+
+
+# alpha ~ 0.6 here: the cost curve makes auto switch between plain steps and gamma 1..2.
+LAW_AUTO = refill.Auto(g_max=G_LAW, prior=1.0, prior_weight=1.0, probe_every=3,
+                       costs=((1.0, 1.8, 2.5), 0.05))
+
+
+@functools.lru_cache(maxsize=None)
+def law_pvalues(extra_tokens=0):
+  ps, out = alternating_law_pvalues(*law_models(), auto=LAW_AUTO, extra_tokens=extra_tokens)
+  print(f'refill law (+{extra_tokens}): p = {ps}, gamma_hist {np.asarray(out.stats.gamma_hist)}')
   return ps, np.asarray(out.stats.gamma_hist), np.asarray(out.stats.accepted_hist).sum(0)
 
 
@@ -269,6 +274,7 @@ def test_refilled_requests_follow_target_law():
   assert min(ps) > 1e-3, ps
 
 
-def test_stale_encoder_refill_is_detected():
-  ps, _, _ = law_pvalues(refill_nothing)
+def test_stale_encoder_refill_is_detected(monkeypatch):
+  monkeypatch.setattr(queue_lib, 'take_rows', refill_nothing)
+  ps, _, _ = law_pvalues(extra_tokens=1)  # a program of its own, traced with the fault
   assert min(ps) < 1e-6, ps

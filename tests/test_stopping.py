@@ -86,7 +86,7 @@ def near_draft():
 
 
 @functools.lru_cache(maxsize=None)
-def run(temp, verifier, draft_name, verify_fn=None):
+def run(temp, verifier, draft_name):
   """One call, all rules side by side: {rule: (counts over V^3, proposed histogram [G1], alpha)}."""
   target, far = models()
   draft = far if draft_name == 'far' else near_draft()
@@ -94,7 +94,7 @@ def run(temp, verifier, draft_name, verify_fn=None):
   out = speculative_decode(
       target, draft, np.repeat(PROMPT, N * len(RULES), axis=0), gamma=G_MAX, max_new_tokens=M,
       temperature=sampling.temperature, rng=jax.random.PRNGKey(SEED), eos_id=-1, stop=ALL_ROWS,
-      verifier=verifier, verify_fn=verify_fn)
+      verifier=verifier)
   tokens = np.asarray(out.tokens)
   assert (np.asarray(out.lengths) == M).all()
   codes = tokens @ np.array([V * V, V, 1])
@@ -184,15 +184,20 @@ def greedy_prompts():
   return ids
 
 
-@pytest.mark.parametrize('verify_fn', [None, acceptance.block_verify], ids=['token', 'block'])
-def test_greedy_every_rule_is_token_identical(verify_fn):
-  # verify_fn=block_verify forces the block rule's own code at temperature 0 (the loop otherwise
-  # runs the batched argmax verifier for every registered rule).
+@dataclasses.dataclass(frozen=True)
+class BlockAsWritten(acceptance.BlockVerifier):
+  """The block rule's own code at temperature 0 too (the loop otherwise runs the batched argmax
+  verifier for every registered rule)."""
+  argmax_at_greedy = False
+
+
+@pytest.mark.parametrize('verifier', ['token', BlockAsWritten()], ids=['token', 'block'])
+def test_greedy_every_rule_is_token_identical(verifier):
   target, draft = greedy_pair()
   ids = greedy_prompts()
   ref = autoregressive_decode(target, ids, max_new_tokens=GM)
   out = speculative_decode(target, draft, ids, gamma=G_MAX, max_new_tokens=GM,
-                           stop=ByRow(rules=tuple(RULES.values()), rows=GB), verify_fn=verify_fn)
+                           stop=ByRow(rules=tuple(RULES.values()), rows=GB), verifier=verifier)
   np.testing.assert_array_equal(out.lengths, ref.lengths)
   np.testing.assert_array_equal(out.tokens, ref.tokens)
   hist = np.asarray(out.stats.proposed_hist)

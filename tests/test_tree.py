@@ -20,6 +20,7 @@ from flax import struct
 
 from chi2 import chi2_pvalue  # tests/chi2.py
 from test_exactness import PROMPT, exact_law, models  # the V = 12 pair and its enumerated law
+from specjax.decoding import acceptance, candidates
 from specjax.decoding import tree as tree_lib
 from specjax.decoding.loop import autoregressive_decode, speculative_decode
 from specjax.decoding.sampling import Sampling
@@ -200,7 +201,7 @@ def drafts():
 
 
 @functools.lru_cache(maxsize=None)
-def generate(sampling, draft_name, tree=TREE, candidates='wor', verify_fn=None, draft_cls=None,
+def generate(sampling, draft_name, tree=TREE, candidates='wor', verifier='token', draft_cls=None,
              extra_tokens=0):
   """Counts of the first M_TOKENS tokens. `extra_tokens` > 0 gives a mislabelled draft a program
   of its own (a longer loop): its draft differs from another only in a method, and a control
@@ -210,7 +211,7 @@ def generate(sampling, draft_name, tree=TREE, candidates='wor', verify_fn=None, 
   m = M_TOKENS + extra_tokens
   out = speculative_decode(target, draft, np.repeat(PROMPT, N, axis=0), tree=tree,
                            max_new_tokens=m, temperature=sampling.temperature,
-                           rng=jax.random.PRNGKey(SEED), eos_id=-1, verify_fn=verify_fn)
+                           rng=jax.random.PRNGKey(SEED), eos_id=-1, verifier=verifier)
   tokens = np.asarray(out.tokens)
   assert tokens.shape == (N, m) and (np.asarray(out.lengths) == m).all()
   first = tokens[:, :M_TOKENS]
@@ -248,22 +249,39 @@ def verify_stale_residual(key, tokens_M1, q_MxV, p_M1xV, shape):
   return tree_lib.verify_tree(key, tokens_M1, q_MxV, p_M1xV, shape, residual_fn=lambda r, q: r)
 
 
+STALE_RESIDUAL = acceptance.FunctionVerifier(verify_stale_residual)
+
+
+def relabel(prop, shape, scheme):
+  """The proposal with every sibling group's laws recomputed as `scheme` reports them, from the
+  group's first law (q itself under both schemes; tokens unchanged)."""
+  qs = []
+  for d, b in enumerate(shape.branching):
+    lo, hi = shape.level_start[d + 1], shape.level_start[d + 2]
+    q_BxCxV = prop.q_BxMxV[:, lo - 1:hi - 1]
+    bsz, c, v = q_BxCxV.shape
+    first_BxKxV = q_BxCxV.reshape(bsz, c // b, b, v)[:, :, 0]
+    tok_BxKxb = prop.tokens_BxM1[:, lo:hi].reshape(bsz, c // b, b)
+    qs.append(candidates.sibling_laws(first_BxKxV, tok_BxKxb, scheme).reshape(bsz, c, v))
+  return prop.replace(q_BxMxV=jnp.concatenate(qs, axis=1))
+
+
 @struct.dataclass
 class IidLabeledWor(tree_lib.TreeModelDraft):
-  """Candidates drawn i.i.d. but reported with the without-replacement laws. NOT a broken
-  sampler: given the earlier siblings, an i.i.d. candidate that repeats one has q_i(x) = 0 and is
-  skipped (r_i(x) = 0 there anyway), and one that does not is distributed exactly as q_i, so the
-  rule is a mixture of exact procedures. Shown by the law test below."""
+  """Candidates drawn i.i.d. (build it with candidates='iid') but reported with the
+  without-replacement laws. NOT a broken sampler: given the earlier siblings, an i.i.d. candidate
+  that repeats one has q_i(x) = 0 and is skipped (r_i(x) = 0 there anyway), and one that does not
+  is distributed exactly as q_i, so the rule is a mixture of exact procedures. Shown by the law
+  test below."""
 
-  def children(self, logits_BxKxV, keys_B, b, sampling):
-    q_BxKxV = tree_lib.sampling_lib.probs(logits_BxKxV, sampling)
-    tok = tree_lib.draw_tokens(q_BxKxV, keys_B, b, 'iid')
-    return tok, tree_lib.sibling_laws(q_BxKxV, tok, 'wor')
+  def propose_tree(self, cache, seq_BxN, lengths_B, keys_B, shape, sampling):
+    return relabel(super().propose_tree(cache, seq_BxN, lengths_B, keys_B, shape, sampling),
+                   shape, 'wor')
 
 
 def test_iid_candidates_verified_with_the_without_replacement_laws_are_exact():
   p, _ = law_pvalue('temp0.7/far/iid-as-wor', SETTINGS['temp0.7'], 'far', tree=WIDE,
-                    draft_cls=IidLabeledWor, extra_tokens=1)
+                    candidates='iid', draft_cls=IidLabeledWor, extra_tokens=1)
   assert p > 1e-3, p
 
 
@@ -271,14 +289,13 @@ def test_iid_candidates_verified_with_the_without_replacement_laws_are_exact():
 class WorLabeledIid(tree_lib.TreeModelDraft):
   """(c) Candidates drawn without replacement but reported as i.i.d. draws from q."""
 
-  def children(self, logits_BxKxV, keys_B, b, sampling):
-    q_BxKxV = tree_lib.sampling_lib.probs(logits_BxKxV, sampling)
-    tok = tree_lib.draw_tokens(q_BxKxV, keys_B, b, 'wor')
-    return tok, tree_lib.sibling_laws(q_BxKxV, tok, 'iid')
+  def propose_tree(self, cache, seq_BxN, lengths_B, keys_B, shape, sampling):
+    return relabel(super().propose_tree(cache, seq_BxN, lengths_B, keys_B, shape, sampling),
+                   shape, 'iid')
 
 
 CONTROLS = {
-    'stale_residual': dict(verify_fn=verify_stale_residual),
+    'stale_residual': dict(verifier=STALE_RESIDUAL),
     'wor_verified_as_iid': dict(draft_cls=WorLabeledIid, extra_tokens=2),
 }
 

@@ -1,7 +1,8 @@
 """FeatureHeadDraft: drafting from the target's own features (EAGLE-style) for T5.
 
 Shape legend: B batch, S source, N decoder-sequence buffer, T cache length, G gamma (block
-width), G1 = G + 1, V vocab, D the head's width, Df the target's d_model.
+width), G1 = G + 1, V vocab, D the head's width, Df the target's d_model, K nodes of one tree
+level, C their children, M tree nodes below the root, M1 = M + 1.
 
 The head (specjax.models.head) is one narrow T5 decoder block that reads, at decoder position j,
 the target's final hidden state f_{j-1} and the token y_j, and predicts f_j and the next token.
@@ -26,6 +27,16 @@ propose, per row with L generated tokens:
 So a proposal of n tokens makes 1 window pass + (n - 1) one-token passes. q is the head's
 processed distribution, exactly what each token was drawn from: verification is the usual exact
 rule and greedy output is token-identical to greedy decoding.
+
+Trees (propose_tree): the same window pass gives the root's children (its top candidates,
+specjax.decoding.candidates) and its predicted feature; then level by level every internal node
+is fed with its parent's predicted feature, each on its own copy of the head's cache (the head is
+narrow, so per-node copies are cheap and its block needs no tree mask), which gives that node's
+children and its own predicted feature: D passes for depth D. The kept cache is the window's; the
+target's hidden states along the accepted path arrive in commit, as after a chain. The window of
+the next proposal (D + 1 positions) rewrites every position since. After plain decoding steps
+(gamma='auto' picks 0) the features still arrive through commit, and `resync` re-feeds the whole
+prefix once with them.
 """
 
 from __future__ import annotations
@@ -36,9 +47,12 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax.decoding import candidates as candidates_lib
 from specjax.decoding import protocol
 from specjax.decoding import sampling as sampling_lib
-from specjax.decoding.protocol import Proposal, TargetFeatures
+from specjax.decoding.model_draft import take_at
+from specjax.decoding.protocol import Proposal, TargetFeatures, TreeProposal
+from specjax.decoding.shapes import TreeShape
 from specjax.models import head as head_lib
 from specjax.models.t5 import T5Model
 
@@ -66,6 +80,7 @@ class FeatureHeadDraft:
   params: Any
   target_embed_VxDf: jax.Array        # the target's embedding (shared, never copied)
   config: head_lib.HeadConfig = struct.field(pytree_node=False)
+  candidates: str = struct.field(pytree_node=False, default='wor')
 
   reads_target = True  # protocol: the loop passes the target's cache and features
 
@@ -115,18 +130,30 @@ class FeatureHeadDraft:
     _, logits, cache = self._block(state, state.cache, tokens_BxK, feats, lengths_B)
     return logits, state.replace(cache=cache)
 
-  def step_noise(self, gumbel_BxGxV, i):
-    return protocol.step_noise(gumbel_BxGxV, i)
+  def resync(self, state: HeadState, seq_BxN, lengths_B) -> HeadState:
+    """The head's cache re-fed over the whole buffer with the target's features (one pass;
+    positions past a row's length are masked later): after plain decoding steps."""
+    del lengths_B
+    t = state.cache.max_len
+    zeros_B = jnp.zeros((seq_BxN.shape[0],), jnp.int32)
+    _, _, cache = self._block(state, state.cache, seq_BxN[:, :t], state.prev_BxNxDf[:, :t],
+                              zeros_B)
+    return state.replace(cache=cache)
 
-  def propose(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
-              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
+  def window(self, state: HeadState, seq_BxN, lengths_B, gamma: int):
+    """The pass over positions w .. w + gamma (w = max(L - gamma, 0)) with the true features:
+    (logits [B, V] for the token after seq[L], the predicted f_L [B, Df], cache)."""
     g1 = gamma + 1
     w_B = jnp.maximum(lengths_B - gamma, 0)
     feat_BxG1xDf, logits_BxG1xV, cache = self._block(
         state, state.cache, _rows(seq_BxN, w_B, g1), _rows(state.prev_BxNxDf, w_B, g1), w_B)
     at_B = (lengths_B - w_B)[:, None, None]
-    logits_BxV = jnp.take_along_axis(logits_BxG1xV, at_B, axis=1)[:, 0]
-    feat_BxDf = jnp.take_along_axis(feat_BxG1xDf, at_B, axis=1)[:, 0]
+    return (jnp.take_along_axis(logits_BxG1xV, at_B, axis=1)[:, 0],
+            jnp.take_along_axis(feat_BxG1xDf, at_B, axis=1)[:, 0], cache)
+
+  def propose(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
+              sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
+    logits_BxV, feat_BxDf, cache = self.window(state, seq_BxN, lengths_B, gamma)
 
     def advance(carry, x_B, k):
       cache, feat_BxDf, nan = carry
@@ -135,10 +162,51 @@ class FeatureHeadDraft:
       return ((cache, feat_Bx1xDf[:, 0], nan | jnp.isnan(logits_Bx1xV).any()),
               *protocol.views(logits_Bx1xV[:, 0], sampling))
 
-    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling, self.step_noise)
+    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling)
     q_BxV, view_BxV = protocol.views(logits_BxV, sampling)
     prop = protocol.rollout(advance, (cache, feat_BxDf, jnp.isnan(logits_BxV).any()), q_BxV,
                             draw, gamma=gamma, stop=stop, limit_B=limit_B, view_BxV=view_BxV)
     cache, _, nan = prop.state
     return prop.replace(q_BxGxV=jnp.where(nan, jnp.nan, prop.q_BxGxV),
                         state=state.replace(cache=cache))
+
+  def feed_children(self, state: HeadState, caches_K, feats_KxBxDf, tokens_BxC, branch: int,
+                    pos_B):
+    """Each of C = K * branch children fed on a copy of its parent's cache, with its parent's
+    predicted feature: (logits [B, C, V], their predicted features [C, B, Df], caches [C])."""
+    parent_C = jnp.arange(tokens_BxC.shape[1]) // branch
+    caches_C = jax.tree.map(lambda x: x[parent_C], caches_K)
+    feed = lambda c, tok_B, f_BxDf: self._block(state, c, tok_B[:, None], f_BxDf[:, None], pos_B)
+    feat_CxBx1xDf, logits_CxBx1xV, caches_C = jax.vmap(feed)(caches_C, tokens_BxC.T,
+                                                            feats_KxBxDf[parent_C])
+    return jnp.swapaxes(logits_CxBx1xV[:, :, 0], 0, 1), feat_CxBx1xDf[:, :, 0], caches_C
+
+  def propose_tree(self, state: HeadState, seq_BxN, lengths_B, keys_B, shape: TreeShape,
+                   sampling) -> TreeProposal:
+    """The tree of `shape` from the head's own predictions (module docstring)."""
+    b = seq_BxN.shape[0]
+    logits_BxV, feat_BxDf, cache = self.window(state, seq_BxN, lengths_B, shape.depth)
+    logits_BxKxV, feats_KxBxDf = logits_BxV[:, None], feat_BxDf[None]
+    caches_K = jax.tree.map(lambda x: x[None], cache)
+    tokens, qs = [take_at(seq_BxN, lengths_B)[:, None]], []
+    nan = jnp.isnan(logits_BxV).any()
+    for d, branch in enumerate(shape.branching):
+      tok_BxKxb, q_BxKxbxV = candidates_lib.draw_children(
+          logits_BxKxV, candidates_lib.level_keys(keys_B, d), branch, sampling, self.candidates)
+      tokens.append(tok_BxKxb.reshape(b, shape.level_size[d + 1]))
+      qs.append(q_BxKxbxV.reshape(b, shape.level_size[d + 1], -1))
+      if d + 1 < shape.depth:  # the children are internal: feed them for their own children
+        logits_BxKxV, feats_KxBxDf, caches_K = self.feed_children(
+            state, caches_K, feats_KxBxDf, tokens[-1], branch, lengths_B + 1 + d)
+        nan = nan | jnp.isnan(logits_BxKxV).any()
+    q_BxMxV = jnp.concatenate(qs, axis=1)
+    return TreeProposal(tokens_BxM1=jnp.concatenate(tokens, axis=1),
+                        q_BxMxV=jnp.where(nan, jnp.nan, q_BxMxV),
+                        passes=jnp.int32(shape.depth), state=state.replace(cache=cache))
+
+  def commit_tree(self, state: HeadState, seq_BxN, lengths_B, *, start_B, path_BxD1,
+                  features: TargetFeatures) -> HeadState:
+    """The accepted path's target features (the cache needs nothing: the next window rewrites
+    every position since this proposal's)."""
+    del start_B, path_BxD1
+    return self.commit(state, seq_BxN, lengths_B, features=features)

@@ -29,6 +29,20 @@ sets the class attribute `reads_target = True`; the loop then calls
 and takes the hidden states from the verification pass itself (T5Model.decode_features): no
 extra target pass. `init_draft` / `commit_draft` below make both calls for every draft.
 
+Two optional members:
+
+  resync(state, seq_BxN, lengths_B) -> state   brings the state up to the committed prefix after
+                                              iterations that did not call the draft (gamma =
+                                              'auto' runs plain decoding steps); drafts without
+                                              prefix state omit it
+  propose_tree(state, seq_BxN, lengths_B, keys_B, shape, sampling) -> TreeProposal
+  commit_tree(state, seq_BxN, lengths_B, *, start_B, path_BxD1[, features]) -> state
+      a draft that proposes token trees (tree=): candidates for every node of a static
+      TreeShape, the law each was drawn from given its parent's path and earlier siblings
+      (specjax.decoding.candidates), and after verification the accepted path (node index per
+      depth) from the block's offset start_B. A draft may instead return its tree form from
+      `as_tree()` (ModelDraft -> TreeModelDraft).
+
 The loop verifies only each row's first n_B drafts: the corrected or bonus token is drawn from the
 target at index n (from p[n] itself when all n were accepted). That keeps the output law exact for
 any n decided without looking at the drafted token it would include (see specjax.decoding.stopping).
@@ -67,6 +81,22 @@ class Proposal:
 
 
 @struct.dataclass
+class TreeProposal:
+  """What `propose_tree` returns.
+
+  tokens_BxM1: [B, M1] int32   node tokens (node 0 = the root, the last committed token)
+  q_BxMxV:     [B, M, V] f32   the law node j + 1 was drawn from (given its parent's path and its
+                               earlier siblings)
+  passes:      [] int32        draft forward passes made
+  state:       pytree          the draft's state
+  """
+  tokens_BxM1: jax.Array
+  q_BxMxV: jax.Array
+  passes: jax.Array
+  state: Any
+
+
+@struct.dataclass
 class TargetFeatures:
   """The target's side of one verification, for drafts with `reads_target = True`.
 
@@ -98,6 +128,32 @@ def commit_draft(draft, state, seq_BxN, lengths_B, features: TargetFeatures | No
   return draft.commit(state, seq_BxN, lengths_B)
 
 
+def resync(draft, state, seq_BxN, lengths_B):
+  """draft.resync where the draft has one: its state follows the committed prefix again."""
+  fn = getattr(draft, 'resync', None)
+  return state if fn is None else fn(state, seq_BxN, lengths_B)
+
+
+def tree_draft(draft):
+  """The draft's tree form: itself when it proposes trees, else `draft.as_tree()`; a one-line
+  ValueError for drafts that have none."""
+  if hasattr(draft, 'propose_tree'):
+    return draft
+  if hasattr(draft, 'as_tree'):
+    return draft.as_tree()
+  raise ValueError(f'tree=: the draft {type(draft).__name__} proposes no trees (a model draft, a '
+                   'feature head, or a draft with propose_tree; see docs/extending.md)')
+
+
+def commit_tree(draft, state, seq_BxN, lengths_B, start_B, path_BxD1,
+                features: TargetFeatures | None):
+  """draft.commit_tree, with the accepted path's target features for drafts that read them."""
+  if reads_target(draft):
+    return draft.commit_tree(state, seq_BxN, lengths_B, start_B=start_B, path_BxD1=path_BxD1,
+                             features=features)
+  return draft.commit_tree(state, seq_BxN, lengths_B, start_B=start_B, path_BxD1=path_BxD1)
+
+
 def verify_pass(target, draft, cache, block_BxG1, lengths_B):
   """The target's verification pass: (logits, TargetFeatures or None, cache). The hidden states
   come out of the same pass when the draft reads them."""
@@ -106,6 +162,23 @@ def verify_pass(target, draft, cache, block_BxG1, lengths_B):
     return logits, TargetFeatures(hidden_BxG1xD=hidden, start_B=lengths_B), cache
   logits, cache = target.decode(cache, block_BxG1, lengths_B)
   return logits, None, cache
+
+
+@struct.dataclass
+class StatelessDraft:
+  """A base for drafts without per-batch state: `vocab_size` (from the target by
+  `from_target`, how a registered name becomes a draft), an empty state, nothing to commit."""
+  vocab_size: int = struct.field(pytree_node=False)
+
+  @classmethod
+  def from_target(cls, target):
+    return cls(vocab_size=target.config.vocab_size)
+
+  def init(self, input_ids_BxS, max_len: int):
+    return ()
+
+  def commit(self, state, seq_BxN, lengths_B):
+    return state
 
 
 @runtime_checkable
@@ -206,15 +279,14 @@ def step_noise(gumbel_BxGxV: jax.Array, k) -> jax.Array:
   return jax.lax.dynamic_index_in_dim(gumbel_BxGxV, k, axis=1, keepdims=False)
 
 
-def gumbel_draw(keys_B: jax.Array, gamma: int, vocab: int, sampling: Any,
-                noise: Callable = step_noise) -> Callable:
+def gumbel_draw(keys_B: jax.Array, gamma: int, vocab: int, sampling: Any) -> Callable:
   """A `draw(k, q_BxV)` for `rollout`: the argmax when greedy (no RNG at all), otherwise the
   Gumbel-max draw from q_k with all G steps' noise made by one RNG call per row (one threefry loop
-  on XLA:CPU instead of one per step). `noise(gumbel_BxGxV, k)` picks step k's noise."""
+  on XLA:CPU instead of one per step); step k reads its own slice (`step_noise`)."""
   if sampling.greedy:
     return lambda k, q_BxV: jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
   gumbel_BxGxV = jax.vmap(lambda key: jax.random.gumbel(key, (gamma, vocab), jnp.float32))(keys_B)
-  return lambda k, q_BxV: sampling_lib.sample_gumbel(noise(gumbel_BxGxV, k), q_BxV)
+  return lambda k, q_BxV: sampling_lib.sample_gumbel(step_noise(gumbel_BxGxV, k), q_BxV)
 
 
 def pad_after(tokens_BxG: jax.Array, n_B: jax.Array) -> jax.Array:

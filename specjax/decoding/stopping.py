@@ -22,8 +22,9 @@ is exact there.
 
 A rule is a small frozen dataclass (hashable: a static argument of `jax.jit`). The draft rollout
 (`specjax.decoding.protocol.rollout`) calls `before` / `after` at every step and exits when every
-row has stopped; the loop calls `limit` and `truncate`. `parse('confidence:0.4')` builds a rule from
-the runner's spelling.
+row has stopped; the loop calls `limit` and `truncate`. Rules are registered by name
+(`@register('name')`, registry STOP_RULES); `parse('confidence:0.4')` builds one from the runner's
+spelling (the class's `from_spec`) and `spec(rule)` writes it back (the rule's `spec`).
 """
 
 from __future__ import annotations
@@ -34,8 +35,14 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from specjax.decoding import theory
+from specjax.decoding.registry import STOP_RULES
+
 __all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked',
-           'UnsafeDropLowConfidence', 'entropy', 'optimal_gammas', 'parse', 'spec']
+           'UnsafeDropLowConfidence', 'STOP_RULES', 'entropy', 'optimal_gammas', 'parse',
+           'register', 'spec']
+
+register = STOP_RULES.register
 
 
 def entropy(q_xV: jax.Array) -> jax.Array:
@@ -50,13 +57,9 @@ def _token_prob(q_BxV: jax.Array, x_B: jax.Array) -> jax.Array:
 
 
 def optimal_gammas(alpha_B: jax.Array, c: float, gamma: int) -> jax.Array:
-  """Per row the gamma in 1..`gamma` maximising E[tokens per call] / (gamma c + 1) (Theorem 3.8;
-  the traced twin of specjax.runner.metrics.optimal_gamma, ties to the smaller gamma)."""
-  alpha_Bx1 = jnp.clip(alpha_B.astype(jnp.float32), 0.0, 1.0 - 1e-6)[:, None]
-  g_G = jnp.arange(1, gamma + 1, dtype=jnp.float32)[None, :]
-  tokens_BxG = (1.0 - alpha_Bx1 ** (g_G + 1.0)) / (1.0 - alpha_Bx1)
-  gain_BxG = tokens_BxG / (g_G * jnp.float32(c) + 1.0)
-  return (jnp.argmax(gain_BxG, axis=1) + 1).astype(jnp.int32)
+  """Per row the gamma in 1..`gamma` maximising E[tokens per call] / (gamma c + 1) (Theorem 3.8,
+  theory.best_gamma; ties to the smaller gamma)."""
+  return theory.best_gamma(alpha_B, [g * float(c) + 1.0 for g in range(gamma + 1)], first=1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +68,28 @@ class StopRule:
 
   #: True when the rule is exact by the non-anticipation rule (tests hold every exact rule to it).
   exact = True
+
+  @classmethod
+  def from_spec(cls, arg: str, c: float | None = None) -> StopRule:
+    """The rule from the text after 'name:' ('' when absent): by default a number for the rule's
+    first field. `c` is the measured cost ratio (for rules that use it)."""
+    fields = dataclasses.fields(cls)
+    if not arg:
+      return cls()
+    if not fields:
+      raise ValueError('takes no argument')
+    try:
+      value = float(arg)
+    except ValueError:
+      raise ValueError(f'argument {arg!r} is not a number') from None
+    return cls(**{fields[0].name: value})
+
+  def spec(self) -> str:
+    """The rule's spelling for tables (the inverse of `parse`)."""
+    name, fields = STOP_RULES.name_of(self), dataclasses.fields(self)
+    if name is None:
+      return 'fixed' if type(self) is StopRule else type(self).__name__  # pylint: disable=unidiomatic-typecheck
+    return f'{name}:{getattr(self, fields[0].name):g}' if fields else name
 
   def limit(self, stats: Any, gamma: int) -> jax.Array:
     """Per-row cap on proposed drafts this iteration, [B] int32 in [0, gamma]."""
@@ -83,11 +108,13 @@ class StopRule:
     return n_B
 
 
+@register('fixed')
 @dataclasses.dataclass(frozen=True)
 class Fixed(StopRule):
   """The paper's rule: always propose gamma tokens."""
 
 
+@register('confidence')
 @dataclasses.dataclass(frozen=True)
 class Confidence(StopRule):
   """Stop after drafting x_k when the draft was unsure of it: q_k(x_k) < threshold.
@@ -97,10 +124,14 @@ class Confidence(StopRule):
   """
   threshold: float = 0.4
 
+  def __post_init__(self):
+    _check_probability(self.threshold)
+
   def after(self, q_BxV, x_B, k):
     return _token_prob(q_BxV, x_B) < self.threshold
 
 
+@register('entropy')
 @dataclasses.dataclass(frozen=True)
 class Entropy(StopRule):
   """Stop before sampling x_k when the draft's distribution is spread: H(q_k) > threshold (nats).
@@ -109,10 +140,15 @@ class Entropy(StopRule):
   """
   threshold: float = 2.5
 
+  def __post_init__(self):
+    if not self.threshold >= 0:
+      raise ValueError(f'threshold must be >= 0 nats, got {self.threshold}')
+
   def before(self, q_BxV, k):
     return entropy(q_BxV) > self.threshold
 
 
+@register('alpha')
 @dataclasses.dataclass(frozen=True)
 class AlphaTracked(StopRule):
   """Each row proposes the Theorem-3.8-optimal gamma <= G_MAX for its own running alpha.
@@ -125,12 +161,33 @@ class AlphaTracked(StopRule):
   prior: float = 0.6
   prior_weight: float = 2.0
 
+  def __post_init__(self):
+    if not 0 <= self.prior <= 1:
+      raise ValueError(f'prior alpha must be in [0, 1], got {self.prior}')
+    if self.c < 0:
+      raise ValueError(f'c must be >= 0, got {self.c}')
+
+  @classmethod
+  def from_spec(cls, arg: str, c: float | None = None) -> AlphaTracked:
+    """'alpha' or 'alpha:PRIOR'; `c` the measured cost ratio."""
+    kw = {} if c is None else {'c': float(c)}
+    if arg:
+      try:
+        kw['prior'] = float(arg)
+      except ValueError:
+        raise ValueError(f'argument {arg!r} is not a number') from None
+    return cls(**kw)
+
+  def spec(self) -> str:
+    return 'alpha' if self.prior == AlphaTracked.prior else f'alpha:{self.prior:g}'
+
   def limit(self, stats, gamma):
-    alpha_B = ((stats.alpha_sum + self.prior_weight * self.prior)
-               / (stats.alpha_count.astype(jnp.float32) + self.prior_weight))
+    alpha_B = theory.running_alpha(stats.alpha_sum, stats.alpha_count.astype(jnp.float32),
+                                   self.prior, self.prior_weight)
     return optimal_gammas(alpha_B, self.c, gamma)
 
 
+@register('unsafe')
 @dataclasses.dataclass(frozen=True)
 class UnsafeDropLowConfidence(StopRule):
   """BIASED on purpose (research and the negative control of the law tests).
@@ -144,6 +201,9 @@ class UnsafeDropLowConfidence(StopRule):
   threshold: float = 0.3
   exact = False
 
+  def __post_init__(self):
+    _check_probability(self.threshold)
+
   def truncate(self, x_BxG, q_BxGxV, n_B):
     qx_BxG = jnp.take_along_axis(q_BxGxV.astype(jnp.float32), x_BxG[..., None].astype(jnp.int32),
                                  axis=2)[..., 0]
@@ -152,52 +212,26 @@ class UnsafeDropLowConfidence(StopRule):
     return jnp.minimum(n_B, first_low_B).astype(jnp.int32)
 
 
-_NAMES = {'fixed': Fixed, 'confidence': Confidence, 'entropy': Entropy, 'alpha': AlphaTracked,
-          'unsafe': UnsafeDropLowConfidence}
-
-
 def parse(text: str, c: float | None = None) -> StopRule:
-  """'fixed', 'confidence:0.4', 'entropy:2.5', 'alpha' (or 'alpha:PRIOR'), 'unsafe:0.3'.
-
-  `c` (the measured cost ratio) is given to 'alpha'. A bad spelling raises a one-line ValueError.
-  """
+  """'fixed', 'confidence:0.4', 'entropy:2.5', 'alpha' (or 'alpha:PRIOR'), 'unsafe:0.3', or any
+  registered rule. `c` (the measured cost ratio) is given to rules that use it ('alpha'). A bad
+  spelling raises a one-line ValueError."""
   name, _, arg = str(text).strip().partition(':')
-  cls = _NAMES.get(name.strip().lower())
-  if cls is None:
-    raise ValueError(f'stop rule {text!r}: unknown name (choose from {", ".join(_NAMES)})')
-  kw = {}
-  if arg:
-    try:
-      value = float(arg)
-    except ValueError:
-      raise ValueError(f'stop rule {text!r}: argument {arg!r} is not a number') from None
-    if cls is Fixed:
-      raise ValueError(f'stop rule {text!r}: fixed takes no argument')
-    kw['prior' if cls is AlphaTracked else 'threshold'] = value
-  if cls is AlphaTracked and c is not None:
-    kw['c'] = float(c)
-  rule = cls(**kw)
-  _check(rule, text)
-  return rule
-
-
-def _check(rule: StopRule, text) -> None:
-  if isinstance(rule, AlphaTracked):
-    if not 0 <= rule.prior <= 1:
-      raise ValueError(f'stop rule {text!r}: prior alpha must be in [0, 1], got {rule.prior}')
-    if rule.c < 0:
-      raise ValueError(f'stop rule {text!r}: c must be >= 0, got {rule.c}')
-  elif isinstance(rule, (Confidence, UnsafeDropLowConfidence)) and not 0 <= rule.threshold <= 1:
-    raise ValueError(f'stop rule {text!r}: threshold must be in [0, 1], got {rule.threshold}')
-  elif isinstance(rule, Entropy) and not rule.threshold >= 0:
-    raise ValueError(f'stop rule {text!r}: threshold must be >= 0 nats, got {rule.threshold}')
+  try:
+    cls = STOP_RULES.lookup(name.strip().lower())
+  except ValueError as e:
+    raise ValueError(f'{e} (in {text!r})') from None
+  try:
+    return cls.from_spec(arg.strip(), c=c)
+  except (TypeError, ValueError) as e:
+    raise ValueError(f'stop rule {text!r}: {e}') from None
 
 
 def spec(rule: StopRule | None) -> str:
   """The short name of a rule for tables: the inverse of `parse` ('alpha' drops c)."""
-  if rule is None or type(rule) in (StopRule, Fixed):
-    return 'fixed'
-  name = {v: k for k, v in _NAMES.items()}[type(rule)]
-  if isinstance(rule, AlphaTracked):
-    return 'alpha' if rule.prior == AlphaTracked.prior else f'alpha:{rule.prior:g}'
-  return f'{name}:{rule.threshold:g}'
+  return 'fixed' if rule is None else rule.spec()
+
+
+def _check_probability(threshold: float):
+  if not 0 <= threshold <= 1:
+    raise ValueError(f'threshold must be in [0, 1], got {threshold}')

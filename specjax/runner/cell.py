@@ -133,8 +133,9 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   examples = [{'source': s, 'reference': r, 'baseline': b, 'speculative': p}
               for s, r, b, p in zip(prompts.sources, prompts.references, base_text,
                                     spec_text)][:spec.show_examples]
-  if tree:
-    record.update(tree=tree, nodes_per_target_call=stats.nodes_per_target_call)
+  if tree:  # alpha is the paper's for trees too; a tree's acceptance_rate is per level tried
+    record.update(tree=tree, nodes_per_target_call=stats.nodes_per_target_call,
+                  level_acceptance=stats.level_acceptance)
   first, trace = spec_out[0], None
   if not tree:
     trace = (np.asarray(first.trace_drafts[0]), np.asarray(first.trace_accepted[0]),

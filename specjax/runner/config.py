@@ -75,7 +75,7 @@ class RunSpec:
 
   def draft_label(self, draft: str) -> str:
     """Short name used in tables and to match the paper's rows ('t5-small', 'unigram', ...)."""
-    return draft if draft in drafts_lib.REGISTRY else os.path.basename(os.path.normpath(draft))
+    return draft if drafts_lib.is_known(draft) else os.path.basename(os.path.normpath(draft))
 
   @property
   def sampling_grid(self):
@@ -147,12 +147,12 @@ def _validate(spec: RunSpec):
     drafts_lib.check_name(f'drafts[{i}]', draft)
     if drafts_lib.is_head_dir(draft):
       check_head(f'drafts[{i}]', draft)
-    elif draft not in drafts_lib.REGISTRY:
+    elif not drafts_lib.is_known(draft):
       check_checkpoint(f'drafts[{i}]', draft)
   _check_vocab(spec)
   check_weights('target', spec.target)
   for i, draft in enumerate(spec.drafts):
-    if draft not in drafts_lib.REGISTRY and not drafts_lib.is_head_dir(draft):
+    if not drafts_lib.is_known(draft) and not drafts_lib.is_head_dir(draft):
       check_weights(f'drafts[{i}]', draft)
 
 
@@ -291,7 +291,7 @@ def _check_vocab(spec: RunSpec):
   if target_vocab is None:
     return
   for i, draft in enumerate(spec.drafts):
-    if draft in drafts_lib.REGISTRY:
+    if drafts_lib.is_known(draft):
       continue
     vocab = _local_vocab(draft)
     if vocab is not None and vocab != target_vocab:

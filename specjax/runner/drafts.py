@@ -1,9 +1,12 @@
-"""The runner's draft registry: a draft name -> its builder; any other name is a feature-head
-directory (specjax.models.head) or a T5 checkpoint.
+"""The runner's draft builders: a draft name -> its builder; a name registered with the decoding
+draft registry (specjax.decoding.drafts.register, built by the class's `from_target`); any other
+name is a feature-head directory (specjax.models.head) or a T5 checkpoint.
 
-Read by config validation (`check_name`, the known names) and by the sweep (`build`); a new draft
-strategy is one `register` call. A builder gets a `DraftContext` and returns a draft object for
-`speculative_decode` (a T5Model or anything implementing specjax.decoding.protocol.Draft).
+Read by config validation (`check_name`, the known names) and by the sweep (`build`). A draft
+that needs only the target is one class registered in decoding; one that needs the run (its task
+data, its output folder: the n-gram drafts) is one `register` call here. A builder gets a
+`DraftContext` and returns a draft object for `speculative_decode` (a T5Model or anything
+implementing specjax.decoding.protocol.Draft).
 """
 
 from __future__ import annotations
@@ -45,6 +48,19 @@ def register(name: str, settings: tuple[str, ...] = ()):
   return wrap
 
 
+def decoding_drafts() -> dict[str, Any]:
+  """The drafts registered in decoding (imports the draft modules, hence JAX: called only for a
+  name that is neither a builder here nor a path)."""
+  from specjax.decoding import drafts  # pylint: disable=import-outside-toplevel
+  return drafts.DRAFTS
+
+
+def is_known(name: str) -> bool:
+  """A builder here or a draft registered in decoding (not a path or hub id)."""
+  return name in REGISTRY or (not os.path.exists(os.path.expanduser(name))
+                              and name in decoding_drafts())
+
+
 def check_name(field: str, name: str):
   """A name that is no registered draft and no existing path but close to a registered name is
   a typo ('unigrm'), not a hub id: ConfigError with the suggestion."""
@@ -53,6 +69,10 @@ def check_name(field: str, name: str):
   hint = configuring.did_you_mean(name, REGISTRY)
   if hint:
     raise ConfigError(f'config.{field}: unknown draft {name!r}{hint}')
+  if name not in decoding_drafts():
+    hint = configuring.did_you_mean(name, decoding_drafts())
+    if hint:
+      raise ConfigError(f'config.{field}: unknown draft {name!r}{hint}')
 
 
 def is_head_dir(path: str) -> bool:
@@ -66,6 +86,8 @@ def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: st
   ctx = DraftContext(spec, target, tokenizer, task, mesh, identity)
   if name in REGISTRY:
     return REGISTRY[name](ctx)
+  if is_known(name):
+    return decoding_drafts()[name].from_target(target)
   if is_head_dir(name):
     from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
     try:
@@ -87,10 +109,8 @@ def _checkpoint(ctx: DraftContext, path: str):
   return model
 
 
-@register('prompt_lookup')
-def _prompt_lookup(ctx: DraftContext):
-  from specjax.decoding import drafts  # pylint: disable=import-outside-toplevel
-  return drafts.PromptLookupDraft(vocab_size=ctx.target.config.vocab_size)
+# Listed here too so that config validation knows the name without importing the drafts (JAX).
+register('prompt_lookup')(lambda ctx: decoding_drafts()['prompt_lookup'].from_target(ctx.target))
 
 
 def _ngram(kind: str, ctx: DraftContext):

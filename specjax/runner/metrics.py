@@ -9,94 +9,16 @@ times one decoder step of draft and target inside compiled loops. Shapes: B batc
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import statistics
-import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
 from specjax import ops
-
-
-def expected_tokens_per_call(alpha: float, gamma: int) -> float:
-  """E[tokens per target call] = (1 - alpha^(gamma+1)) / (1 - alpha)  (Eq. 1)."""
-  if alpha >= 1.0:
-    return float(gamma + 1)
-  return (1.0 - alpha ** (gamma + 1)) / (1.0 - alpha)
-
-
-def walltime_improvement(alpha: float, gamma: int, c: float) -> float:
-  """Expected walltime improvement (Theorem 3.8): E[tokens per call] / (gamma * c + 1)."""
-  return expected_tokens_per_call(alpha, gamma) / (gamma * c + 1.0)
-
-
-def operations_factor(alpha: float, gamma: int, c_hat: float = 0.0) -> float:
-  """Expected increase in arithmetic operations (Theorem 3.11)."""
-  return (gamma * c_hat + gamma + 1.0) / expected_tokens_per_call(alpha, gamma)
-
-
-def optimal_gamma(alpha: float, c: float, max_gamma: int = 64) -> int:
-  """The integer gamma >= 1 maximising walltime improvement (Figure 3)."""
-  return max(range(1, max_gamma + 1), key=lambda g: walltime_improvement(alpha, g, c))
-
-
-def predicted_speedup(tokens_per_call: float, draft_passes_per_call: float, c: float,
-                      block_cost: float = 1.0) -> float:
-  """Walltime improvement for any (also variable) proposal length, from measured averages:
-  E[tokens per target call] / (E[draft passes per target call] * c + block_cost).
-
-  block_cost is the target's (gamma+1)-token step over its 1-token step (`measure_block_cost`);
-  with a fixed gamma, gamma passes and block_cost 1 this is Theorem 3.8."""
-  return tokens_per_call / (draft_passes_per_call * c + block_cost)
-
-
-@dataclasses.dataclass(frozen=True)
-class Timing:
-  """Compile (first call) time apart from the median of warm repeats, all in seconds."""
-  compile_s: float
-  median_s: float
-  times_s: tuple[float, ...]
-
-
-def block(x: Any) -> Any:
-  return jax.block_until_ready(x)
-
-
-def time_call(fn: Callable[[], Any], repeats: int = 5) -> Timing:
-  """First call (compile + run) timed apart; then `repeats` warm calls, block_until_ready each."""
-  start = time.perf_counter()
-  block(fn())
-  compile_s = time.perf_counter() - start
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    block(fn())
-    times.append(time.perf_counter() - start)
-  return Timing(compile_s, statistics.median(times), tuple(times))
-
-
-def time_interleaved(fns: dict[str, Callable[[], Any]], repeats: int = 5,
-                     warmups: dict[str, Callable[[], Any]] | None = None) -> dict[str, Timing]:
-  """Times several callables side by side: warm-up each, then A B A B ... so drift hits all alike.
-
-  `warmups` (optional, per name) replace the warm-up call by a cheaper one that compiles the same
-  programs (one batch of several of the same shape); its time is reported as compile time."""
-  compile_s = {}
-  for name, fn in fns.items():
-    start = time.perf_counter()
-    block((warmups or {}).get(name, fn)())
-    compile_s[name] = time.perf_counter() - start
-  times: dict[str, list[float]] = {name: [] for name in fns}
-  for _ in range(repeats):
-    for name, fn in fns.items():
-      start = time.perf_counter()
-      block(fn())
-      times[name].append(time.perf_counter() - start)
-  return {name: Timing(compile_s[name], statistics.median(t), tuple(t))
-          for name, t in times.items()}
+from specjax.decoding.theory import (expected_tokens_per_call, operations_factor,  # noqa: F401
+                                     optimal_gamma, predicted_speedup, walltime_improvement)
+from specjax.timing import Timing, block, time_call, time_interleaved  # noqa: F401
 
 
 def keep_outputs(outputs: dict, name: str, fn: Callable[[], list]) -> Callable[[], list]:

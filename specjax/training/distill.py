@@ -13,8 +13,8 @@ divergence between the two next-token distributions at every sampled position:
   fkl  forward KL(p || q) = sum_x p log(p / q)
 
 Gradients flow through q only; the sampled tokens are treated as data (as in DistillSpec). The
-train state, checkpoints, data position and export are fine-tuning's (specjax.training.finetune):
-only the step differs. Dev metrics: on the teacher's own greedy outputs of dev sources (the
+train state, checkpoints, data position and export are fine-tuning's (specjax.training.finetune,
+on the shared loop of specjax.training.trainer): only the step differs. Dev metrics: on the teacher's own greedy outputs of dev sources (the
 prefixes speculative decoding verifies), the mean of sum_x min(p, q) (alpha at T = 1, teacher
 forced) and the argmax agreement (alpha's analogue at T = 0).
 """
@@ -28,8 +28,10 @@ import jax.numpy as jnp
 import optax
 
 from specjax.decoding import loop as decoding
+from specjax.decoding import theory
 from specjax.models.checkpoints import load_t5
 from specjax.models.t5 import T5Config, shift_right, teacher_forced_logits
+from specjax.training import trainer
 from specjax.training.spec import FinetuneSpec
 
 
@@ -46,7 +48,7 @@ def agreement_sums(teacher_logits, student_logits, mask_BxT):
   """(sum of sum_x min(p, q), sum of argmax agreement, count) over masked positions."""
   p = jax.nn.softmax(teacher_logits.astype(jnp.float32), -1)
   q = jax.nn.softmax(student_logits.astype(jnp.float32), -1)
-  overlap = jnp.sum(jnp.minimum(p, q), -1)
+  overlap = theory.beta(p, q)
   top1 = (jnp.argmax(teacher_logits, -1) == jnp.argmax(student_logits, -1)).astype(jnp.float32)
   return jnp.sum(overlap * mask_BxT), jnp.sum(top1 * mask_BxT), jnp.sum(mask_BxT)
 
@@ -93,10 +95,9 @@ def make_steps(spec: FinetuneSpec, config: T5Config, optimizer, state_shardings,
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     (_, (div_sum, overlap, top1, count)), grads = grad_fn(state['params'], tparams,
                                                           batch['inputs'], labels, mask)
-    from specjax.training.finetune import global_norm  # pylint: disable=import-outside-toplevel
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    grad_norm = global_norm(grads)
+    grad_norm = trainer.global_norm(grads)
     metrics = {'loss_sum': div_sum, 'alpha_sum': overlap, 'top1_sum': top1, 'count': count,
                'grad_norm': grad_norm}
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics

@@ -21,7 +21,7 @@ the mean of sum_x min(p, q) (alpha at T = 1, teacher forced) and the argmax agre
 analogue at T = 0), for pass 1 (true features: the first draft of a block) and pass K.
 
 The train state is {params, opt_state, step} of the head alone; checkpoints, the data position,
-logs and metrics are fine-tuning's (specjax.training.finetune.run_loop). Export: save_head's
+logs and metrics are the shared loop's (specjax.training.trainer.run_loop). Export: save_head's
 head_config.json + head.safetensors in `export_dir`.
 """
 
@@ -36,9 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from specjax.decoding import theory
 from specjax.models import head as head_lib
 from specjax.models import t5
 from specjax.models.checkpoints import load_t5
+from specjax.training import trainer
 from specjax.training.data import Batches, Tokenized, get_tokenizer, tokenize_split
 from specjax.training.spec import FinetuneSpec
 
@@ -81,7 +83,7 @@ def pass_sums(view, feat, logits, mask_BxT):
   log_q = jax.nn.log_softmax(logits, -1)
   p = jnp.exp(log_p)
   kl = jnp.sum(p * (log_p - log_q), -1)
-  overlap = jnp.sum(jnp.minimum(p, jnp.exp(log_q)), -1)
+  overlap = theory.beta(p, jnp.exp(log_q))
   top1 = (jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)).astype(jnp.float32)
   return {k: jnp.sum(v * mask_BxT) for k, v in
           (('feat', feat_err), ('kl', kl), ('alpha', overlap), ('top1', top1))}
@@ -110,10 +112,9 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
     key = jax.random.fold_in(jax.random.PRNGKey(spec.seed + 3), state['step'])
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
     (_, (total, sums, n)), grads = grad_fn(state['params'], tparams, batch, key)
-    from specjax.training.finetune import global_norm  # pylint: disable=import-outside-toplevel
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
-    metrics = {'loss_sum': total, 'count': n, 'grad_norm': global_norm(grads),
+    metrics = {'loss_sum': total, 'count': n, 'grad_norm': trainer.global_norm(grads),
                'alpha_sum': sums[0]['alpha'], 'top1_sum': sums[0]['top1'],
                f'alpha{len(sums)}_sum': sums[-1]['alpha'], 'feat_sum': sums[0]['feat'],
                'kl_sum': sums[0]['kl']}
@@ -133,8 +134,6 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
 
 def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   """Trains (or resumes) the head of `spec` for the frozen target spec.model.init_from."""
-  from specjax.training import finetune  # pylint: disable=import-outside-toplevel
-  workdir = Path(spec.workdir)
   h = spec.head
   mesh = None
   if jax.device_count() > 1:  # a large frozen target is sharded like a fine-tuned one
@@ -161,22 +160,13 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
       (f' + {len(parts[1].sources)} references)' if len(parts) > 1 else ')') +
       f', {batches.batches_per_epoch} batches of {spec.data.batch_size} per epoch')
 
-  optimizer, schedule = finetune.make_optimizer(spec.optim, spec.steps)
+  optimizer, schedule = trainer.make_optimizer(spec.optim, spec.steps)
   key = jax.random.PRNGKey(spec.seed)
   init_fn = jax.jit(lambda p: {'params': p, 'opt_state': optimizer.init(p),
                                'step': jnp.zeros((), jnp.int32)})
-  abstract_params = jax.eval_shape(
-      lambda: head_lib.init_head_params(hconfig, key, jnp.dtype(spec.model.param_dtype)))
-  latest = mngr.latest_step()
-  if latest is not None:
-    abstract = jax.eval_shape(init_fn, abstract_params)
-    state, data_state = finetune.restore_checkpoint(mngr, latest, abstract)
-    batches.restore(data_state)
-    log(f'resumed from checkpoint step {int(state["step"])} (epoch {batches.epoch}, '
-        f'batch {batches.position})')
-  else:
-    state = init_fn(head_lib.init_head_params(hconfig, key, jnp.dtype(spec.model.param_dtype)))
-    log(f'{spec.name}: new run')
+  fresh = lambda: head_lib.init_head_params(hconfig, key, jnp.dtype(spec.model.param_dtype))  # noqa: E731
+  state = trainer.start(spec, mngr, log, batches, init_fn,
+                        jax.eval_shape(init_fn, jax.eval_shape(fresh)), fresh)
   train_step, eval_step = make_steps(spec, hconfig, target.config, optimizer)
   tparams = target.params
   dev_metrics = None
@@ -192,17 +182,11 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
       return {'dev_alpha': tot[0] / n, 'dev_top1': tot[1] / n,
               f'dev_alpha{h.unroll}': tot[2] / n, f'dev_top1_{h.unroll}': tot[3] / n}
 
-  state, results = finetune.run_loop(spec, mngr, log, state,
-                                     lambda s, b: train_step(s, b, tparams), batches, schedule,
-                                     dev_metrics)
+  state, results = trainer.run_loop(spec, mngr, log, state,
+                                    lambda s, b: train_step(s, b, tparams), batches, schedule,
+                                    dev_metrics)
   results['train_wall_s'] = time.time() - t_start
-  export = Path(spec.export_dir or workdir / 'export')
-  dtype = jnp.dtype(spec.model.export_dtype)
-  head_lib.save_head(state['params'], hconfig, export, dtype=dtype)
-  results['export_dir'] = str(export)
+  export = Path(spec.export_dir or Path(spec.workdir) / 'export')
+  head_lib.save_head(state['params'], hconfig, export, dtype=jnp.dtype(spec.model.export_dtype))
   results['head_params'] = head_lib.param_count(hconfig)
-  results['wall_s'] = time.time() - t_start
-  log(f'exported {export} ({sum(f.stat().st_size for f in export.iterdir()) / 1e6:.2f} MB); '
-      f'done in {results["wall_s"]:.0f}s')
-  finetune.write_json(workdir / 'results.json', results)
-  return results
+  return trainer.finish(spec, export, results, log, t_start)
