@@ -54,15 +54,8 @@ def as_tree_draft(draft):
 
 def decode_tree_features(target, cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1):
   """decode_tree that also returns the nodes' final hidden states [B, M1, Df] (the features a
-  head reads), in the same one pass: the pass runs with an identity output projection, whose
-  'logits' are the hidden states, and the logits are projected from those (decode_tree's own
-  numbers, by the same t5.output_logits)."""
-  config = dataclasses.replace(target.config, tie_word_embeddings=False, scale_logits=False)
-  eye = jnp.eye(target.config.d_model, dtype=target.dtype)
-  reader = target.replace(params={**target.params, 'lm_head': eye}, config=config)
-  hidden_BxM1xDf, cache = reader.decode_tree(cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1)
-  hidden_BxM1xDf = hidden_BxM1xDf.astype(target.dtype)
-  return t5_lib.output_logits(target.params, target.config, hidden_BxM1xDf), hidden_BxM1xDf, cache
+  head reads), in the same one pass."""
+  return target.decode_tree_features(cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -435,14 +435,15 @@ def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_Bx
   node j or one of its ancestors (both static numpy arrays). The nodes' keys/values go to slots
   lengths_B + offset ..; ancestors of the fed nodes must already be in the cache (fed earlier, or
   in this block). Cross-attention is unchanged. Returns float32 logits [B, K, V] (node j's row
-  predicts its children) and the cache. Requires lengths_B + M1 <= cache.max_len.
+  predicts its children), the nodes' final hidden states [B, K, D] (what a feature head reads; the
+  same pass) and the cache. Requires lengths_B + M1 <= cache.max_len.
   """
   lengths_B = jnp.asarray(lengths_B, jnp.int32)
   k = tokens_BxK.shape[1]
   bias = tree_self_bias(params, config, cache.max_len, lengths_B, depth_M1, anc_M1xM1, offset, k)
   x, cache = _decoder_stack(params, config, cache, tokens_BxK, lengths_B + offset, bias,
                             packed=packed)
-  return output_logits(params, config, x, packed), cache
+  return output_logits(params, config, x, packed), x, cache
 
 
 def gather_path(cache: DecoderCache, lengths_B, path_BxJ) -> DecoderCache:
@@ -628,6 +629,12 @@ class T5Model:
     return decode_features(self.params, self.config, cache, tokens, lengths, self.packed)
 
   def decode_tree(self, cache, tokens, lengths, depth, anc, offset: int = 0):
+    logits, _, cache = decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc,
+                                   offset, self.packed)
+    return logits, cache
+
+  def decode_tree_features(self, cache, tokens, lengths, depth, anc, offset: int = 0):
+    """decode_tree that also returns the nodes' final hidden states [B, K, D] (one pass)."""
     return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset,
                        self.packed)
 
