@@ -175,7 +175,7 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
   fns['specjax autoregressive'] = jax_run(False)
   fns['specjax speculative'] = jax_run(True)
   workers = add_ct2_rows(fns, args, tdir, ids, m, threads[0], log)
-  if args.int8:
+  if getattr(args, 'int8', False):
     from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
     target_i8 = load_t5(str(tdir), quantize='int8')
     fns['specjax autoregressive [int8]'] = jax_run(False, target_i8)
@@ -261,7 +261,7 @@ def run_pair(name: str, args, log=print, gate=None) -> dict:
 def add_ct2_rows(fns, args, tdir, ids, max_new: int, threads: int, log) -> dict:
   """CTranslate2 rows (one worker process per compute type) for a pair with a tokenizer; the
   workers' own round times replace the pipe-inclusive ones after timing."""
-  types = [t for t in args.ct2.split(',') if t and (t != 'int8' or args.int8 or 'int8' in args.ct2)]
+  types = [t for t in getattr(args, 'ct2', '').split(',') if t]
   tok = bc.load_tokenizer_for(tdir) if types else None
   if not types or tok is None or not (Path(tdir) / 'tokenizer.json').is_file():
     if types:

@@ -241,8 +241,8 @@ def synthetic_cache(model, batch: int, src_len: int, cache_len: int, seed: int =
   c = model.config
   dtype = model.dtype
   n = c.num_decoder_layers
-  zeros = _rand_fn((batch, cache_len, c.num_heads, c.d_kv), jnp.dtype(dtype), 'ones')
-  rnd = _rand_fn((batch, src_len, c.num_heads, c.d_kv), jnp.dtype(dtype), 'normal')
+  zeros = _rand_fn((batch, c.num_heads, cache_len, c.d_kv), jnp.dtype(dtype), 'ones')
+  rnd = _rand_fn((batch, c.num_heads, src_len, c.d_kv), jnp.dtype(dtype), 'normal')
   key = jax.random.PRNGKey(seed)
   z = zeros(key, jnp.float32(0)) * 0
   cross_k = tuple(rnd(jax.random.fold_in(key, 2 * i), jnp.float32(1)) for i in range(n))
@@ -676,8 +676,8 @@ def dry_run(args) -> dict:
 
   def cache(model, t):
     c = model.config
-    kv = jax.ShapeDtypeStruct((1, t, c.num_heads, c.d_kv), dtype)
-    cr = jax.ShapeDtypeStruct((1, s, c.num_heads, c.d_kv), dtype)
+    kv = jax.ShapeDtypeStruct((1, c.num_heads, t, c.d_kv), dtype)  # head-major caches
+    cr = jax.ShapeDtypeStruct((1, c.num_heads, s, c.d_kv), dtype)
     n = c.num_decoder_layers
     return DecoderCache(self_k=(kv,) * n, self_v=(kv,) * n, cross_k=(cr,) * n, cross_v=(cr,) * n,
                         enc_mask=jax.ShapeDtypeStruct((1, s), bool))

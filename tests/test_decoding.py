@@ -252,7 +252,10 @@ def test_rng_determinism_and_independent_rows(families):
   same = np.repeat(fam.ids[:1], B, axis=0)
   d = np.asarray(speculative_decode(fam.target, fam.draft, same, rng=jax.random.PRNGKey(3),
                                     **kw).tokens)
-  assert len({tuple(row) for row in d.tolist()}) > B // 2, d
+  # Shared keys would make the 8 copies of one prompt identical. Independent rows differ, except
+  # that about half of them end at once with EOS (the first token's law puts ~0.5 on it), so
+  # independent rows give 4-8 distinct outputs; more than 2 rules out shared keys.
+  assert len({tuple(row) for row in d.tolist()}) > 2, d
 
 
 # ----------------------------------------------------------------------------- compilation

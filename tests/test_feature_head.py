@@ -200,7 +200,7 @@ def test_head_holds_the_target_teacher_forced_features():
   ids[2, 5:] = 0
   gamma, max_new = 3, 12
   sampling = Sampling(temperature=1.0)
-  state = loop.speculative_init(target, draft, jnp.asarray(ids), jax.random.PRNGKey(5),
+  state = loop.speculative_init(target, draft, jnp.asarray(ids), jax.random.PRNGKey(6),
                                 gamma=gamma, max_new_tokens=max_new)
   step = jax.jit(functools.partial(loop.speculative_step, gamma=gamma, max_new_tokens=max_new,
                                    sampling=sampling, eos_id=-1))

@@ -207,7 +207,7 @@ def test_auto_greedy_identical_and_reports_choices():
 
 # ----------------------------------------------------------------------------- the law, refilled
 
-VL, N_PER, ML, G_LAW, SLOTS = 12, 8000, 3, 2, 512
+VL, N_PER, ML, G_LAW, SLOTS = 12, 8000, 3, 2, 511  # odd: a slot's next request has the other prompt
 PROMPT_A = [5, 3, 9, 2, 0]
 PROMPT_B = [7, 11, 4, 0, 0]
 

@@ -37,6 +37,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from specjax import ops
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding import theory
 from specjax.decoding.registry import VERIFIERS
@@ -139,7 +140,7 @@ def verify_greedy_batch(draft_BxG: jax.Array, q_BxGxV: jax.Array, logits_BxG1xV:
   and residual work.
   """
   g = draft_BxG.shape[1]
-  top_BxG1 = jnp.argmax(logits_BxG1xV, axis=-1).astype(jnp.int32)
+  top_BxG1 = ops.argmax(logits_BxG1xV)
   match_BxG = (draft_BxG == top_BxG1[:, :g]) & (jnp.arange(g)[None, :] < n_B[:, None])
   m_B = jnp.sum(jnp.cumprod(match_BxG.astype(jnp.int32), axis=1), axis=1, dtype=jnp.int32)
   next_B = jnp.take_along_axis(top_BxG1, m_B[:, None], axis=1)[:, 0]
@@ -283,7 +284,7 @@ def verify_tree(key, tokens_M1, q_MxV, p_M1xV, shape: TreeShape, residual_fn=res
 
 def verify_tree_greedy_batch(tokens_BxM1, logits_BxM1xV, shape: TreeShape):
   """Temperature 0: the longest path matching the target's argmax; (path_BxD1, m_B, next_B)."""
-  top_BxM1 = jnp.argmax(logits_BxM1xV, axis=-1).astype(jnp.int32)
+  top_BxM1 = ops.argmax(logits_BxM1xV)
   bsz = tokens_BxM1.shape[0]
   take = lambda a_BxM1, i_B: jnp.take_along_axis(a_BxM1, i_B[:, None], axis=1)[:, 0]  # noqa: E731
   node_B, alive_B = jnp.zeros((bsz,), jnp.int32), jnp.ones((bsz,), bool)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import ops
 from specjax.decoding import engine
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.stats import DecodeOutput
@@ -60,7 +61,7 @@ def autoregressive_step(model: T5Model, state: ARState, *, max_new_tokens: int,
   last_Bx1 = jnp.take_along_axis(state.seq, state.lengths[:, None], axis=1)
   logits_Bx1xV, cache = model.decode(state.cache, last_Bx1, state.lengths)
   if sampling.greedy:  # argmax of probs' one-hot of the argmax: the same index, one pass
-    tok_B = jnp.argmax(logits_Bx1xV[:, 0], axis=-1).astype(jnp.int32)
+    tok_B = ops.argmax(logits_Bx1xV[:, 0])
   else:
     p_BxV = sampling_lib.probs(logits_Bx1xV[:, 0], sampling)
     tok_B = jax.vmap(sampling_lib.sample)(engine.row_keys(state.rng, state.step, b), p_BxV)

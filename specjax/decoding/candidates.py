@@ -45,14 +45,15 @@ def sibling_laws(q_BxKxV, tok_BxKxb, scheme: str):
 
 
 def draw_tokens(q_BxKxV, keys_B, b: int, scheme: str):
-  """b candidate tokens [B, K, b] per node: 'iid' b independent draws from q (Gumbel-max), 'wor'
-  the sequential draw without replacement (Gumbel-top-b of log q, in order)."""
+  """b candidate tokens [B, K, b] per node: 'iid' b independent draws from q (inverse CDF, one
+  uniform each), 'wor' the sequential draw without replacement (Gumbel-top-b of log q, in
+  order)."""
   _check_scheme(scheme)
   _, k, v = q_BxKxV.shape
-  logq_BxKxV = sampling_lib.log_probs(q_BxKxV)
   if scheme == 'iid':
-    g_BxKxbxV = jax.vmap(lambda key: jax.random.gumbel(key, (k, b, v), jnp.float32))(keys_B)
-    return jnp.argmax(logq_BxKxV[:, :, None, :] + g_BxKxbxV, axis=-1).astype(jnp.int32)
+    u_BxKxb = jax.vmap(lambda key: jax.random.uniform(key, (k, b), jnp.float32))(keys_B)
+    return sampling_lib.sample_uniform(u_BxKxb, q_BxKxV[:, :, None, :])
+  logq_BxKxV = sampling_lib.log_probs(q_BxKxV)
   g_BxKxV = jax.vmap(lambda key: jax.random.gumbel(key, (k, v), jnp.float32))(keys_B)
   return jax.lax.top_k(logq_BxKxV + g_BxKxV, b)[1].astype(jnp.int32)
 

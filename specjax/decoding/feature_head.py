@@ -162,7 +162,7 @@ class FeatureHeadDraft:
       return ((cache, feat_Bx1xDf[:, 0], nan | jnp.isnan(logits_Bx1xV).any()),
               *protocol.views(logits_Bx1xV[:, 0], sampling))
 
-    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling)
+    draw = protocol.noise_draw(keys_B, gamma, sampling)
     q_BxV, view_BxV = protocol.views(logits_BxV, sampling)
     prop = protocol.rollout(advance, (cache, feat_BxDf, jnp.isnan(logits_BxV).any()), q_BxV,
                             draw, gamma=gamma, stop=stop, limit_B=limit_B, view_BxV=view_BxV)

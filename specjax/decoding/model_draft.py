@@ -101,8 +101,7 @@ class ModelDraft(T5Draft):
       return ((cache, nan | jnp.isnan(logits_Bx1xV).any()),
               *protocol.views(logits_Bx1xV[:, 0], sampling))
 
-    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size,
-                                sampling_lib.Sampling() if self.argmax else sampling)
+    draw = protocol.noise_draw(keys_B, gamma, sampling_lib.Sampling() if self.argmax else sampling)
     q_BxV, view_BxV = protocol.views(logits_BxV, sampling)
     prop = protocol.rollout(advance, (cache, jnp.isnan(logits_BxV).any()), q_BxV, draw,
                             gamma=gamma, stop=stop, limit_B=limit_B, view_BxV=view_BxV)

@@ -166,7 +166,7 @@ class BigramDraft:
               sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
     views = lambda prev_B: protocol.views(jnp.log(self.conditional(prev_B)), sampling)  # noqa: E731
     advance = lambda carry, x_B, k: (carry, *views(x_B))  # noqa: E731
-    draw = protocol.gumbel_draw(keys_B, gamma, self.vocab_size, sampling)
+    draw = protocol.noise_draw(keys_B, gamma, sampling)
     q_BxV, view_BxV = views(_take_rows(seq_BxN, lengths_B))
     return protocol.rollout(advance, state, q_BxV, draw, gamma=gamma, stop=stop, limit_B=limit_B,
                             view_BxV=view_BxV, passes=0, advance_passes=0)

@@ -60,6 +60,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
+from specjax import ops
 from specjax.decoding import sampling as sampling_lib
 
 
@@ -274,19 +275,19 @@ def cut(stop: Any, tokens_BxG: jax.Array, q_BxGxV: jax.Array, limit_B: jax.Array
   return n_B
 
 
-def step_noise(gumbel_BxGxV: jax.Array, k) -> jax.Array:
-  """Step k's own slice of the block's Gumbel noise, [B, V]."""
-  return jax.lax.dynamic_index_in_dim(gumbel_BxGxV, k, axis=1, keepdims=False)
+def step_noise(noise_BxG: jax.Array, k) -> jax.Array:
+  """Step k's own slice of the block's noise: one uniform per row, [B]."""
+  return jax.lax.dynamic_index_in_dim(noise_BxG, k, axis=1, keepdims=False)
 
 
-def gumbel_draw(keys_B: jax.Array, gamma: int, vocab: int, sampling: Any) -> Callable:
+def noise_draw(keys_B: jax.Array, gamma: int, sampling: Any) -> Callable:
   """A `draw(k, q_BxV)` for `rollout`: the argmax when greedy (no RNG at all), otherwise the
-  Gumbel-max draw from q_k with all G steps' noise made by one RNG call per row (one threefry loop
-  on XLA:CPU instead of one per step); step k reads its own slice (`step_noise`)."""
+  inverse-CDF draw from q_k (sampling.sample_uniform) with the G steps' uniforms made by one RNG
+  call per row; step k reads its own slice (`step_noise`)."""
   if sampling.greedy:
-    return lambda k, q_BxV: jnp.argmax(q_BxV, axis=-1).astype(jnp.int32)
-  gumbel_BxGxV = jax.vmap(lambda key: jax.random.gumbel(key, (gamma, vocab), jnp.float32))(keys_B)
-  return lambda k, q_BxV: sampling_lib.sample_gumbel(step_noise(gumbel_BxGxV, k), q_BxV)
+    return lambda k, q_BxV: ops.argmax(q_BxV)
+  noise_BxG = jax.vmap(lambda key: jax.random.uniform(key, (gamma,), jnp.float32))(keys_B)
+  return lambda k, q_BxV: sampling_lib.sample_uniform(step_noise(noise_BxG, k), q_BxV)
 
 
 def pad_after(tokens_BxG: jax.Array, n_B: jax.Array) -> jax.Array:
