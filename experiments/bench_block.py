@@ -13,10 +13,10 @@ K of a (model, batch) interleaved in one process after a warm-up (compile time a
 
 Levers (the same weights; `T5Model.pack`, specjax/models/cpu_kernels):
   xla           XLA's dots and attention (the model without packed weights)
-  kernel        what load_t5 picks: packed weights streamed once per step for any K, decode
-                attention kernel; bf16 storage where that is exact (the shipped pair), else f32
-  kernel-f32    the same with float32 storage
-  kernel-bf16   bfloat16 storage (a bf16-rounded target where the weights are not bf16 values)
+  kernel        what load_t5 picks: packed float32 weights streamed once per step for any K,
+                and the decode attention kernel
+  kernel-bf16   bfloat16 storage: lossless where the weights are bf16 values already (the
+                shipped pair's are: `lossless` in the JSON), else a bf16-rounded target
   kernel-int8   int8 storage with a float32 scale per output column (the int8 target)
 A lever whose storage equals `kernel`'s is skipped.
 
@@ -38,7 +38,7 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 
-LEVERS = ('xla', 'kernel', 'kernel-f32', 'kernel-bf16', 'kernel-int8')
+LEVERS = ('xla', 'kernel', 'kernel-bf16', 'kernel-int8')
 SHAPES = {  # T5Config keyword arguments of the random targets (untied heads, as bench_common)
     't5-small': dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                      num_decoder_layers=6, num_heads=8, tie_word_embeddings=False,
@@ -97,8 +97,7 @@ def lever_model(base, lever: str):
   """The model a lever runs: XLA's dots, or packed weights in the lever's storage."""
   if lever == 'xla':
     return base
-  return base.pack({'kernel': None, 'kernel-f32': 'float32', 'kernel-bf16': 'bfloat16',
-                    'kernel-int8': 'int8'}[lever])
+  return base.pack({'kernel': None, 'kernel-bf16': 'bfloat16', 'kernel-int8': 'int8'}[lever])
 
 
 def step_bytes(model, batch: int, cache_len: int, k: int) -> int:
@@ -124,6 +123,8 @@ def run_model(name: str, args, gate, floor_of) -> dict:
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
   base, desc = load_model(name)
+  from specjax.models import t5  # pylint: disable=import-outside-toplevel
+  lossless = t5.bf16_exact(base.params)
   models = {}
   for lever in args.levers.split(','):
     m = lever_model(base, lever)
@@ -151,6 +152,7 @@ def run_model(name: str, args, gate, floor_of) -> dict:
       ms = {k: timing[(lever, k)].median_s / args.steps * 1e3 for k in ks}
       floor = floor_of(step_bytes(model, batch, cache_len, 1))
       row = {'lever': lever, 'weights': model.weights, 'batch': batch, 'ms': ms,
+             'lossless': lever in ('xla', 'kernel') or (lever == 'kernel-bf16' and lossless),
              'block_cost': {k: ms[k] / ms[1] for k in ks},
              'compile_s': {k: timing[(lever, k)].compile_s for k in ks},
              'floor_ms': floor, 'step_over_floor': None if not floor else ms[1] / floor,

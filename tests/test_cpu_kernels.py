@@ -272,3 +272,26 @@ def test_without_the_kernel_models_use_xla(tmp_path):
   assert forced.returncode != 0
   assert 'specjax CPU kernel unavailable (SPECJAX_CPU_KERNEL=1): no C++ compiler found' in (
       forced.stderr)
+
+
+# ----------------------------------------------------------------------------- sampling
+
+
+def test_sample_cdf_kernel_draws_what_the_cumulative_sum_says():
+  from specjax.decoding import sampling  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(7)
+  w = np.abs(rng.normal(size=(64, 9))).astype(np.float32)
+  w[:, 4] = 0.0          # a zero-weight token is never drawn
+  w[3] = 0.0             # an all-zero row: the last token, as the XLA path
+  w[5, 6:] = 0.0         # rounding past the end: the last positive-weight token
+  u = rng.uniform(size=(64,)).astype(np.float32)
+  u[:4] = (0.0, np.nextafter(np.float32(1), np.float32(0)), 0.5, 0.25)
+  fast = np.asarray(jax.jit(cpu_kernels.sample_cdf)(jnp.asarray(u), jnp.asarray(w)))
+  slow = np.asarray(jax.jit(sampling._by_cumsum)(jnp.asarray(u), jnp.asarray(w)))  # pylint: disable=protected-access
+  cdf = np.cumsum(w.astype(np.float64), -1)
+  ref = np.array([min(int(np.sum(c <= x * c[-1])), 8 if c[-1] == 0 else int(np.flatnonzero(r)[-1]))
+                  for c, x, r in zip(cdf, u.astype(np.float64), w)])
+  np.testing.assert_array_equal(fast, ref)
+  np.testing.assert_array_equal(slow, ref)
+  assert 4 not in set(fast.tolist())
+  assert fast[3] == 8 and fast[5] <= 5

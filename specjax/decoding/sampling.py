@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from specjax import ops
+from specjax.models import cpu_kernels
 
 __all__ = ['Sampling', 'probs', 'sample', 'sample_uniform', 'has_nan']
 
@@ -122,9 +123,18 @@ def sample_uniform(u_x: jax.Array, probs_xV: jax.Array) -> jax.Array:
   draw is (both up to float32 rounding), but it needs one random number per draw instead of one
   per vocabulary entry: on XLA:CPU the V Gumbel draws of `jax.random.categorical` cost ~30x the
   rest of sampling. A zero-probability token has an empty interval and is never drawn."""
+  u_x = jnp.broadcast_to(u_x, jnp.broadcast_shapes(u_x.shape, probs_xV.shape[:-1]))
+  probs_xV = jnp.broadcast_to(probs_xV, u_x.shape + probs_xV.shape[-1:])
+  if not cpu_kernels.available():
+    return _by_cumsum(u_x, probs_xV)
+  # XLA:CPU runs a cumulative sum as a dozen reduce-window passes; the CPU kernel does one.
+  return jax.lax.platform_dependent(u_x, probs_xV, cpu=cpu_kernels.sample_cdf,
+                                    default=_by_cumsum)
+
+
+def _by_cumsum(u_x, probs_xV):
   cdf_xV = jnp.cumsum(probs_xV.astype(jnp.float32), axis=-1)
-  point_x1 = u_x[..., None].astype(jnp.float32) * cdf_xV[..., -1:]
-  below_xV = cdf_xV <= point_x1
+  below_xV = cdf_xV <= u_x[..., None].astype(jnp.float32) * cdf_xV[..., -1:]
   last = probs_xV.shape[-1] - 1
   # The last token with positive mass, for u * c_V rounding onto c_V itself.
   top_x = last - ops.argmax(jnp.flip(probs_xV, axis=-1) > 0)

@@ -1,5 +1,5 @@
-"""CPU kernels of the decode step (cpu_kernels.cc): a small-M matmul over packed weights, and
-attention of a few query rows against a cache.
+"""CPU kernels of the decode step (cpu_kernels.cc): a small-M matmul over packed weights,
+attention of a few query rows against a cache, and the inverse-CDF draw of a token.
 
 Shape legend: M rows (batch x tokens fed), K input features, N output features, P panels of
 PANEL output columns; B batch, Q query rows, H heads, T keys, Dk head width.
@@ -44,6 +44,7 @@ MAX_ROWS = 512     # larger M (long prefill, teacher forcing) uses XLA's GEMM; m
                    # ahead of it up to 512 rows (457 against 408 GFLOP/s on 2 AVX-512 cores)
 TARGET = 'specjax_packed_matmul'
 ATTENTION = 'specjax_attention'
+SAMPLE = 'specjax_sample_cdf'
 ENV = 'SPECJAX_CPU_KERNEL'
 CFLAGS_ENV = 'SPECJAX_CPU_KERNEL_CFLAGS'
 WEIGHTS = ('float32', 'bfloat16', 'int8')
@@ -158,6 +159,16 @@ def attention(q_BxQxHxDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT):
   return out.reshape(b, q, h * d)
 
 
+def sample_cdf(u_x, weights_xV):
+  """The inverse-CDF draw per row (int32 [...]) from non-negative weights [..., V] given a
+  uniform u [...] in [0, 1): the first t with w_0 + .. + w_t > u * sum(w) (summed in double), the
+  last positive-weight token if rounding runs past the end. On the CPU only (the kernel); callers
+  choose it with `jax.lax.platform_dependent` (sampling.sample_uniform)."""
+  call = jax.ffi.ffi_call(SAMPLE, jax.ShapeDtypeStruct(u_x.shape, jnp.int32),
+                          vmap_method='broadcast_all')
+  return call(weights_xV.astype(jnp.float32), u_x.astype(jnp.float32))
+
+
 # ----------------------------------------------------------------------------- build and load
 
 
@@ -229,6 +240,8 @@ def _load() -> str | None:
       jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul),
                                   platform='cpu')
       jax.ffi.register_ffi_target(ATTENTION, jax.ffi.pycapsule(lib.SpecjaxAttention),
+                                  platform='cpu')
+      jax.ffi.register_ffi_target(SAMPLE, jax.ffi.pycapsule(lib.SpecjaxSampleCdf),
                                   platform='cpu')
     except (OSError, RuntimeError, AttributeError) as e:
       reason = str(e).splitlines()[0]

@@ -533,7 +533,7 @@ def quantize_matrices(params: Params, config: T5Config, weights: str) -> Params:
   return out
 
 
-def _bf16_exact(params: Params) -> bool:
+def bf16_exact(params: Params) -> bool:
   """Whether every matrix and the head hold bfloat16 values (storing them so is exact)."""
   mats = [w for stack in ('encoder', 'decoder') for layer in params[stack]['layers']
           for n, w in layer.items() if n in DENSE]
@@ -594,13 +594,13 @@ class T5Model:
   def pack(self, weights: str | None = None) -> 'T5Model':
     """This model with packed decode weights for the CPU kernel (cpu_kernels), if it is built.
 
-    `weights`: 'bfloat16' or 'int8' also replace the decoder's matrices and head in `params` by
-    their quantized values, so every path computes the same (quantized) target; without the
-    kernel only that replacement happens. Default: 'bfloat16' when that loses nothing (a bf16
-    model, or float32 weights that all are bf16 values, as checkpoints saved in bf16 load), which
-    halves the bytes a step streams; else 'float32'."""
+    `weights`: the params' own dtype by default ('float32', or 'bfloat16' for a bf16 model);
+    'bfloat16' or 'int8' also replace the matrices and head in `params` by their quantized values,
+    so every path computes the same (quantized) target; without the kernel only that replacement
+    happens. 'bfloat16' changes nothing where the weights are bf16 values already (`bf16_exact`:
+    checkpoints saved in bf16, as the shipped pair) and halves the bytes a step streams."""
     if weights is None:
-      weights = 'bfloat16' if self.dtype == jnp.bfloat16 or _bf16_exact(self.params) else 'float32'
+      weights = 'bfloat16' if self.dtype == jnp.bfloat16 else 'float32'
     if weights not in cpu_kernels.WEIGHTS:
       raise ValueError(f'weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
     params = quantize_matrices(self.params, self.config, weights)
