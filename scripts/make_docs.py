@@ -34,7 +34,7 @@ JOBS: dict[str, tuple[list[str], bool]] = {
                   f'python -m specjax.run --config.output_dir={OUT}/tiny',
                   f'python scripts/record.py {OUT}/tiny'], False),
     'bench_block': (['python experiments/bench_block.py --record --plot=auto {wait}'], False),
-    'bench_transformers': (['python experiments/bench_transformers.py --int8 --record {wait}'],
+    'bench_transformers': (['python experiments/bench_transformers.py --int8 --ct2=float32,int8 --record {wait}'],
                            False),
     'bench_batch.refill': (['python experiments/bench_batch.py --refill --record {wait}'], False),
     'bench_adaptive': (['python experiments/bench_adaptive.py --record {wait}'], False),
