@@ -9,7 +9,9 @@ by p) and a head that reuses one step's sampling noise must be rejected (p < 1e-
 Greedy: token-identical to autoregressive_decode for several gamma, ragged batch, EOS rows; each
 row alone gives the tokens it gives in the batch. Plumbing: after every iteration the features
 the head holds equal the target's teacher-forced hidden states at the same positions (accepts,
-rejects and rollbacks all occur); the head runs no encoder (traced calls counted).
+rejects and rollbacks all occur); the head runs no encoder (traced calls counted). Packed: with
+the target on the CPU kernels the head's pass runs on them too, matching XLA's pass, greedy
+identical, and the law test (with the always-accept control rejected) on the kernel path.
 """
 
 import functools
@@ -25,6 +27,7 @@ from chi2 import chi2_pvalue  # tests/chi2.py
 from specjax.decoding import acceptance, loop, protocol, stopping
 from specjax.decoding.feature_head import FeatureHeadDraft
 from specjax.decoding.sampling import Sampling, probs
+from specjax.models import cpu_kernels
 from specjax.models import head as head_lib
 from specjax.models import t5
 from specjax.models.t5 import T5Config, T5Model, init_params
@@ -259,3 +262,68 @@ def test_head_files_roundtrip_and_errors(tmp_path):
   with pytest.raises(ValueError, match='corrupt'):
     FeatureHeadDraft.for_target(target, tmp_path / 'head')
   assert protocol.reads_target(draft) and not protocol.reads_target(loop.as_draft(target))
+
+
+# ----------------------------------------------------------------------------- packed head
+
+needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=cpu_kernels.status())
+
+
+def _packed(target_head):
+  """The pair with the target on the CPU kernels; the head built for it packs its own weights."""
+  target, head = target_head
+  target = target.pack()
+  return target, FeatureHeadDraft.for_target(target, (head.params, head.config))
+
+
+@needs_kernel
+def test_packed_head_pass_matches_xla():
+  target, head = _packed(_greedy_pair())
+  assert head.packed is not None and FeatureHeadDraft.for_target(
+      target.unpack(), (head.params, head.config)).packed is None
+  ids = jnp.asarray(np.random.RandomState(3).randint(2, 48, (3, 7)), jnp.int32)
+  state = jax.jit(lambda i: head.init(i, 16, target_cache=target.init_cache(i, 16)))(ids)
+  toks = jnp.asarray(np.random.RandomState(4).randint(2, 48, (3, 4)), jnp.int32)
+  feats = jnp.asarray(np.random.RandomState(5).normal(size=(3, 4, head.config.feature_dim)),
+                      jnp.float32)
+  lengths = jnp.array([0, 3, 9], jnp.int32)
+  run = jax.jit(lambda h: head_lib.block(head.params, head.config, state.cache,
+                                         head.target_embed_VxDf, state.cross_k, state.cross_v,
+                                         state.enc_mask, toks, feats, lengths, fast=h))
+  (f_fast, l_fast, c_fast), (f_ref, l_ref, c_ref) = run(head.packed), run(None)
+  for fast, ref in ((f_fast, f_ref), (l_fast, l_ref), (c_fast.self_k, c_ref.self_k)):
+    assert float(jnp.max(jnp.abs(fast - ref))) < 1e-5 * float(jnp.max(jnp.abs(ref)))
+  np.testing.assert_array_equal(np.asarray(l_fast.argmax(-1)), np.asarray(l_ref.argmax(-1)))
+
+
+@needs_kernel
+def test_packed_head_greedy_identical():
+  target, head = _packed(_greedy_pair())
+  ids = np.random.RandomState(0).randint(2, 48, (3, 9)).astype(np.int32)
+  ids[1, 6:] = 0
+  base = loop.autoregressive_decode(target, ids, max_new_tokens=14)
+  for kw in (dict(gamma=1), dict(gamma=4), dict(tree=(2, 2, 1))):
+    out = loop.speculative_decode(target, head, ids, max_new_tokens=14, **kw)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+
+
+@functools.lru_cache(maxsize=None)
+def packed_law_pvalue(verifier='token', rows=125):
+  """law_pvalue's test with the pair on the CPU kernels: N rows in calls of `rows` (rows x block
+  tokens stay under cpu_kernels.MAX_ROWS, so the kernels run, not XLA's fallback)."""
+  target, head = _packed(models())
+  assert rows * (GAMMA + 1) <= cpu_kernels.MAX_ROWS
+  key = jax.random.PRNGKey(SEED)
+  tokens = [loop.speculative_decode(target, head, np.repeat(PROMPT, rows, axis=0), gamma=GAMMA,
+                                    max_new_tokens=M, temperature=1.0, eos_id=-1,
+                                    rng=jax.random.fold_in(key, i), verifier=verifier).tokens
+            for i in range(N // rows)]
+  return chi2_pvalue(counts_of(np.concatenate(tokens)), exact_law(Sampling(temperature=1.0)))
+
+
+@needs_kernel
+def test_packed_head_follows_target_law_and_control_is_rejected():
+  p = packed_law_pvalue()
+  p_control = packed_law_pvalue(ALWAYS_ACCEPT)
+  print(f'packed head: chi-square p = {p:.3g}; always-accept control p = {p_control:.3g}')
+  assert p > 1e-3 and p_control < 1e-6

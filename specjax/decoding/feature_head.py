@@ -81,6 +81,7 @@ class FeatureHeadDraft:
   target_embed_VxDf: jax.Array        # the target's embedding (shared, never copied)
   config: head_lib.HeadConfig = struct.field(pytree_node=False)
   candidates: str = struct.field(pytree_node=False, default='wor')
+  packed: Any = None                  # head_lib.pack_head's weights when the target runs packed
 
   reads_target = True  # protocol: the loop passes the target's cache and features
 
@@ -93,7 +94,11 @@ class FeatureHeadDraft:
       params, config = head
     config.check_target(target.config)
     params = jax.tree.map(lambda p: jnp.asarray(p).astype(target.dtype), params)
-    return cls(params=params, target_embed_VxDf=target.params['shared'], config=config)
+    # The head's passes go through the CPU kernels wherever the target's decode steps do.
+    weights = 'bfloat16' if target.dtype == jnp.bfloat16 else 'float32'
+    packed = head_lib.pack_head(params, weights) if target.packed is not None else None
+    return cls(params=params, target_embed_VxDf=target.params['shared'], config=config,
+               packed=packed)
 
   @property
   def vocab_size(self) -> int:
@@ -120,7 +125,8 @@ class FeatureHeadDraft:
 
   def _block(self, state: HeadState, cache, tokens_BxK, features_BxKxDf, lengths_B):
     return head_lib.block(self.params, self.config, cache, self.target_embed_VxDf, state.cross_k,
-                          state.cross_v, state.enc_mask, tokens_BxK, features_BxKxDf, lengths_B)
+                          state.cross_v, state.enc_mask, tokens_BxK, features_BxKxDf, lengths_B,
+                          fast=self.packed)
 
   def decode(self, state: HeadState, tokens_BxK, lengths_B):
     """One head pass over K tokens per row at offsets lengths_B, reading the stored features

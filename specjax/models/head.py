@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.models import t5
+from specjax.models import cpu_kernels, t5
 
 Params = dict[str, Any]
 CONFIG_NAME = 'head_config.json'
@@ -138,19 +138,21 @@ def init_cache(config: HeadConfig, batch: int, max_len: int, dtype=jnp.float32) 
 
 def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxDf,
           cross_k_BxHcxSxDkc, cross_v_BxHcxSxDkc, enc_mask_BxS, tokens_BxK, features_BxKxDf,
-          lengths_B):
+          lengths_B, fast: Params | None = None):
   """Feeds K positions per row at offsets lengths_B (written into the cache there).
 
   features_BxKxDf[:, i] is f_{j-1} for position j = lengths + i. Returns (predicted f_j
   [B, K, Df] in the params dtype, float32 logits for y_{j+1} [B, K, V], cache). Position i sees
-  the cache below lengths + i + 1 (the committed prefix and the block up to itself).
+  the cache below lengths + i + 1 (the committed prefix and the block up to itself). `fast`:
+  `pack_head`'s weights, when the head runs on the CPU kernels (as the target's decode steps do).
   """
   eps = config.layer_norm_epsilon
   b, k = tokens_BxK.shape
   t = cache.max_len
   dtype = params['in_proj'].dtype
   emb_BxKxDf = target_embed_VxDf[tokens_BxK].astype(dtype)
-  x = jnp.concatenate([features_BxKxDf.astype(dtype), emb_BxKxDf], -1) @ params['in_proj']
+  x = t5.dense(jnp.concatenate([features_BxKxDf.astype(dtype), emb_BxKxDf], -1), params, fast,
+               'in_proj')
   lengths_B = lengths_B.astype(jnp.int32)
   q_pos_BxK = lengths_B[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
   k_pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -160,21 +162,49 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   bias = bias + jnp.where(visible_BxKxT[:, None], 0.0, t5.NEG_INF)
   h = t5.rms_norm(x, params['self_norm'], eps)
   heads = lambda y: t5.split_heads(y, config.num_heads, config.d_kv)  # noqa: E731
-  q = heads(h @ params['self_q'])
-  ck = t5.write_rows(cache.self_k, heads(h @ params['self_k']), lengths_B)
-  cv = t5.write_rows(cache.self_v, heads(h @ params['self_v']), lengths_B)
-  x = x + t5.attend(q, ck, cv, bias) @ params['self_o']
+  q, k_new, v_new = t5.fast_split(h, params, fast, 'self_qkv',
+                                   ('self_q', 'self_k', 'self_v'))
+  ck = t5.write_rows(cache.self_k, heads(k_new), lengths_B)
+  cv = t5.write_rows(cache.self_v, heads(v_new), lengths_B)
+  x = x + t5.dense(t5.attend_fast(q, ck, cv, bias, config, fast), params, fast, 'self_o')
   h = t5.rms_norm(x, params['cross_norm'], eps)
-  q = t5.split_heads(h @ params['cross_q'], config.cross_heads, config.cross_d_kv)
+  q = t5.dense(h, params, fast, 'cross_q')
   cross_bias = jnp.where(enc_mask_BxS[:, None, None, :], 0.0, t5.NEG_INF).astype(jnp.float32)
-  x = x + t5.attend(q, cross_k_BxHcxSxDkc.astype(dtype), cross_v_BxHcxSxDkc.astype(dtype),
-                    cross_bias) @ params['cross_o']
+  cross = _CrossHeads(config.cross_heads, config.cross_d_kv)
+  x = x + t5.dense(t5.attend_fast(q, cross_k_BxHcxSxDkc.astype(dtype),
+                                  cross_v_BxHcxSxDkc.astype(dtype), cross_bias, cross, fast),
+                   params, fast, 'cross_o')
   h = t5.rms_norm(x, params['ffn_norm'], eps)
-  x = x + (jax.nn.gelu(h @ params['wi_0'], approximate=True) * (h @ params['wi_1'])) @ params['wo']
+  a, g = t5.fast_split(h, params, fast, 'wi', ('wi_0', 'wi_1'))
+  x = x + t5.dense(jax.nn.gelu(a, approximate=True) * g, params, fast, 'wo')
   z = t5.rms_norm(x, params['final_norm'], eps)
-  feat_BxKxDf = z @ params['feat_out']
-  logits = jnp.einsum('bkd,dv->bkv', z, params['lm_head'], preferred_element_type=jnp.float32)
+  if fast is not None and t5.kernel_rows(z) <= cpu_kernels.MAX_ROWS:
+    # Predicted feature and logits in one product (the kernel's output is float32).
+    out = cpu_kernels.matmul(z, fast['out'])
+    feat_BxKxDf, logits = out[..., :config.feature_dim].astype(dtype), out[..., config.feature_dim:]
+  else:
+    feat_BxKxDf = z @ params['feat_out']
+    logits = jnp.einsum('bkd,dv->bkv', z, params['lm_head'], preferred_element_type=jnp.float32)
   return feat_BxKxDf, logits, HeadCache(self_k=ck, self_v=cv)
+
+
+@dataclasses.dataclass(frozen=True)
+class _CrossHeads:
+  """The target's head layout, as `t5.attend_fast` reads it for the cross-attention."""
+  num_heads: int
+  d_kv: int
+
+
+def pack_head(params: Params, weights: str = 'float32') -> Params:
+  """The head's matrices in the CPU kernels' layout (cpu_kernels.pack): q/k/v side by side, the
+  gated FFN's two inputs side by side, and the feature and token outputs in one matrix, so a pass
+  makes 8 products. Its passes then run like the target's packed decode steps instead of as ~10
+  separate XLA dots, which cost more per call than the head's arithmetic."""
+  cat = lambda *names: jnp.concatenate([params[n] for n in names], 1)  # noqa: E731
+  mats = {'in_proj': params['in_proj'], 'self_qkv': cat('self_q', 'self_k', 'self_v'),
+          'self_o': params['self_o'], 'cross_q': params['cross_q'], 'cross_o': params['cross_o'],
+          'wi': cat('wi_0', 'wi_1'), 'wo': params['wo'], 'out': cat('feat_out', 'lm_head')}
+  return {n: cpu_kernels.pack(w, weights) for n, w in mats.items()}
 
 
 def teacher_forced(params: Params, config: HeadConfig, target_embed_VxDf, cross_k, cross_v,

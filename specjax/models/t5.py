@@ -226,7 +226,7 @@ def attend_fast(q_BxQxHDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT, config: T5Config
   """`attend` for a decode step: the CPU kernel (query rows as the projection returns them, one
   call for all heads) when the model runs packed and the cache is float32, else XLA."""
   if (fast is not None and k_BxHxTxDk.dtype == jnp.float32
-      and _rows(q_BxQxHDk) <= cpu_kernels.MAX_ROWS):
+      and kernel_rows(q_BxQxHDk) <= cpu_kernels.MAX_ROWS):
     b, q, _ = q_BxQxHDk.shape
     q_BxQxHxDk = q_BxQxHDk.reshape(b, q, config.num_heads, config.d_kv)
     return cpu_kernels.attention(q_BxQxHxDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT)
@@ -236,26 +236,26 @@ def attend_fast(q_BxQxHDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT, config: T5Config
 def dense(x_xI, layer: Params, fast: Params | None, name: str):
   """x @ layer[name], through the packed CPU kernel when the model carries packed weights and the
   block is small (cpu_kernels.MAX_ROWS rows), else XLA's dot on the canonical weight."""
-  if fast is not None and name in fast and _rows(x_xI) <= cpu_kernels.MAX_ROWS:
+  if fast is not None and name in fast and kernel_rows(x_xI) <= cpu_kernels.MAX_ROWS:
     return cpu_kernels.matmul(x_xI, fast[name]).astype(x_xI.dtype)
   return x_xI @ layer[name]
 
 
-def _rows(x) -> int:
+def kernel_rows(x) -> int:
   return math.prod(x.shape[:-1])
 
 
-def _fast_split(x_xI, layer, fast, fused: str, names: tuple[str, ...]):
+def fast_split(x_xI, layer, fast, fused: str, names: tuple[str, ...]):
   """The products x @ layer[n] for n in names: one fused packed matmul (`fast[fused]`, the
   weights side by side) on the kernel path, separate dots otherwise."""
-  if fast is not None and fused in fast and _rows(x_xI) <= cpu_kernels.MAX_ROWS:
+  if fast is not None and fused in fast and kernel_rows(x_xI) <= cpu_kernels.MAX_ROWS:
     return jnp.split(dense(x_xI, layer, fast, fused), len(names), axis=-1)
   return [x_xI @ layer[n] for n in names]
 
 
 def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0, fast=None):
   if config.gated:
-    a, b = _fast_split(x, layer, fast, 'wi', ('wi_0', 'wi_1'))
+    a, b = fast_split(x, layer, fast, 'wi', ('wi_0', 'wi_1'))
     h = jax.nn.gelu(a, approximate=True) * b
   else:
     h = jax.nn.relu(dense(x, layer, fast, 'wi'))
@@ -280,7 +280,7 @@ def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | N
     site = 1 + 3 * i
     fast = None if packed is None else packed['encoder'][i]
     h = rms_norm(x, layer['attn_norm'], config.layer_norm_epsilon)
-    q, k, v = _fast_split(h, layer, fast, 'qkv', ('q', 'k', 'v'))
+    q, k, v = fast_split(h, layer, fast, 'qkv', ('q', 'k', 'v'))
     att = attend_fast(q, _heads(k, config), _heads(v, config), bias, config, fast)
     x = x + _drop(dropout, dense(att, layer, fast, 'o'), site)
     h = rms_norm(x, layer['ffn_norm'], config.layer_norm_epsilon)
@@ -319,7 +319,7 @@ def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
   dtype = params['shared'].dtype
   zeros = jnp.zeros((b, config.num_heads, max_len, config.d_kv), dtype)
   layers = params['decoder']['layers']
-  if packed is not None and _rows(enc_BxSxD) <= cpu_kernels.MAX_ROWS:
+  if packed is not None and kernel_rows(enc_BxSxD) <= cpu_kernels.MAX_ROWS:
     # Every layer's cross keys and values in one product (`pack_model`'s 'cross_kv').
     kv = jnp.split(cpu_kernels.matmul(enc_BxSxD, packed['cross_kv']).astype(enc_BxSxD.dtype),
                    2 * len(layers), axis=-1)
@@ -343,7 +343,7 @@ def output_logits(params: Params, config: T5Config, x_BxKxD, packed: Params | No
   """Final head in float32: tied heads use the embedding (and original T5 scales by d_model**-0.5)."""
   if config.scale_logits:
     x_BxKxD = x_BxKxD * (config.d_model ** -0.5)
-  if packed is not None and _rows(x_BxKxD) <= cpu_kernels.MAX_ROWS:
+  if packed is not None and kernel_rows(x_BxKxD) <= cpu_kernels.MAX_ROWS:
     return cpu_kernels.matmul(x_BxKxD, packed['lm_head'])
   if config.tie_word_embeddings:
     return jnp.einsum('bkd,vd->bkv', x_BxKxD, params['shared'], preferred_element_type=jnp.float32)
@@ -379,7 +379,7 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
     site = 1001 + 4 * i
     fast = None if packed is None else packed['layers'][i]
     h = rms_norm(x, layer['self_norm'], eps)
-    q, k, v = _fast_split(h, layer, fast, 'self_qkv', ('self_q', 'self_k', 'self_v'))
+    q, k, v = fast_split(h, layer, fast, 'self_qkv', ('self_q', 'self_k', 'self_v'))
     ck = write_rows(cache.self_k[i], _heads(k, config), write_B)
     cv = write_rows(cache.self_v[i], _heads(v, config), write_B)
     new_k.append(ck)
