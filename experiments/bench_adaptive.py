@@ -21,12 +21,45 @@ passes per iteration, which every row waits for), alpha, and the cost model's pr
 E[tokens per call] / (E[draft passes per call] c + block cost(gamma)) with c and the block cost
 measured (metrics.measure_c, metrics.measure_block_cost). Tokens per target call of block vs token
 verification (fixed gamma >= 4, T > 0) is also measured untimed on every prompt repeated
---stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is recorded beside every table (bench_common's load gate).
+--stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is
+recorded beside every table (bench_common's load gate).
+
+The oracle row: what a stop rule that knew every position's acceptance probability could reach.
+One untimed, traced run at fixed gamma G = max(--gammas, --g_max) logs each iteration's prefix and
+its G drafts; one teacher-forced pass of each model over [start, prefix, drafts] (offline, not the
+compiled loop) gives q_i and p_i at the drafted positions, processed as the loop processes them,
+and beta_i = sum_x min(p_i(x), q_i(x)) (at T = 0 the 0/1 match of the argmaxes): the probability
+that draft i is accepted given drafts < i were. Proposing k drafts then yields E[tokens](k) =
+1 + sum_{j <= k} prod_{i <= j} beta_i per target call and costs block_cost(k) + k c (block_cost(k):
+the measured (k+1)-token target step over the 1-token one, or a wider block's where that measured
+cheaper; block_cost(0) = 1). The oracle picks k
+in 0..G per logged iteration to maximise the pooled E[tokens] / cost over all of them
+(theory.oracle_lengths; the per-iteration ratio alone is not the pooled optimum). Its gain over the
+best fixed gamma on the same iterations, rate(oracle) / rate(best fixed gamma), is applied to the
+best fixed gamma's measured tok/s (and to its `predicted`, tokens per unit cost): the oracle row.
+Each exact token-verification rule gets its share of the oracle's gain,
+(rule - best fixed) / (oracle - best fixed), in tok/s (`oracle share`) and tokens per cost.
+
+Why it bounds the exact rules (non-anticipation): an exact rule decides whether x_k is proposed
+from what is known before x_k is sampled (the prefix, x_<k, q_k), never from p_k, which only the
+verification pass computes. The oracle knows beta_k (and the later betas of the logged rollout)
+before it decides and may choose any length 0..G, so an exact rule's lengths are among its
+choices, judged by the same yardstick; a fixed gamma <= G is one of them, so the oracle is never
+below the best fixed gamma. At T = 0 the yardstick is exact (beta_i is the 0/1 verdict of the
+argmax verification, E[tokens](k) what the iteration yields). At T > 0 it is Eq. 1's model per
+position (the product of the betas along the logged rollout), so there the bound holds under the
+model the paper's optimal gamma uses too. Choices that favour the oracle further: the block cost
+shrinks to k + 1 tokens (the rules' programs verify the whole G_MAX block); at B > 1 each row is
+charged its own k (the batch waits for its longest row); the starts are the fixed-G run's
+iterations. It bounds token verification: block verification accepts more than the betas say, so
+a `blk` rule can pass it (no share is given to those).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import math
 import os
 import sys
 
@@ -39,7 +72,8 @@ COLUMNS = [
     ('vs_ar', 'vs AR', '.2f'), ('tokens_per_call', 'tok / call', '.3f'),
     ('passes_per_call', 'passes / call', '.2f'), ('passes_per_token', 'passes / tok', '.3f'),
     ('proposed_per_call', 'proposed / call', '.2f'), ('alpha', 'alpha', '.3f'),
-    ('predicted', 'predicted', '.2f'), ('ms', 'median ms', '.1f'),
+    ('predicted', 'predicted', '.2f'), ('oracle_share', 'oracle share', '.2f'),
+    ('ms', 'median ms', '.1f'),
 ]
 BLOCK_COLUMNS = [
     ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('token', 'token tok/call', '.4f'), ('block', 'block tok/call', '.4f'),
@@ -183,6 +217,147 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
   return rows, block_rows
 
 
+# ----------------------------------------------------------------------------- the oracle
+
+
+def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_new_tokens,
+                 rows_per_pass=8):
+  """beta_i of every iteration of a fixed-gamma run (untimed, traced), from one teacher-forced pass
+  of each model over [start, committed prefix, the iteration's gamma drafts]: (beta [I, gamma],
+  accepted [I]) over all rows' iterations (I of them). The run decodes the prompts in chunks of
+  `batch`, seeded as the timed runs. beta is the 0/1 match of the argmaxes at temperature 0."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.drafts import ModelDraft  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
+
+  n = prompts_NxS.shape[0] - prompts_NxS.shape[0] % batch
+  start_id = target.config.decoder_start_token_id
+  width = max_new_tokens + gamma + 1  # [start, at most max_new_tokens - 1 committed, gamma drafts]
+  src, dec, pos, accepted = [], [], [], []
+  for i in range(0, n, batch):
+    out = jax.device_get(loop.speculative_decode(
+        target, ModelDraft(draft), prompts_NxS[i:i + batch], gamma=gamma, rng=i // batch,
+        max_new_tokens=max_new_tokens, temperature=temperature, trace=True))
+    for b in range(out.tokens.shape[0]):
+      t = 0
+      for drafts_G, m in zip(out.trace_drafts[b], out.trace_accepted[b]):
+        if m < 0:  # the row had finished
+          break
+        row = np.zeros(width, np.int32)
+        row[0], row[1:t + 1], row[t + 1:t + 1 + gamma] = start_id, out.tokens[b, :t], drafts_G
+        src.append(prompts_NxS[i + b])
+        dec.append(row)
+        pos.append(t)
+        accepted.append(int(m))
+        t += int(m) + 1
+  pad = -len(src) % rows_per_pass  # whole passes: one program
+  src_RxS = np.stack(src + [src[0]] * pad)
+  dec_RxW = np.stack(dec + [dec[0]] * pad)
+  pos_R = np.asarray(pos + [pos[0]] * pad, np.int32)
+  sampling = Sampling(temperature=float(temperature))
+  beta = [_betas_program()(target, draft, src_RxS[j:j + rows_per_pass],
+                           dec_RxW[j:j + rows_per_pass], pos_R[j:j + rows_per_pass], gamma=gamma,
+                           sampling=sampling)
+          for j in range(0, len(pos_R), rows_per_pass)]
+  return np.concatenate([np.asarray(x) for x in beta])[:len(pos)], np.asarray(accepted)
+
+
+@functools.lru_cache(maxsize=None)
+def _betas_program():
+  """jit(target, draft, src [R, S], dec [R, W], pos [R]) -> beta [R, gamma] (gamma, sampling static):
+  draft i (1-based) of a row whose prefix holds t tokens is predicted at decoder index t + i - 1."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import theory  # pylint: disable=import-outside-toplevel
+  from specjax.models import t5  # pylint: disable=import-outside-toplevel
+
+  @functools.partial(jax.jit, static_argnames=('gamma', 'sampling'))
+  def run(target, draft, src_RxS, dec_RxW, pos_R, *, gamma, sampling):
+    idx_RxG = pos_R[:, None] + jnp.arange(gamma)[None, :]
+
+    def probs(model):
+      logits_RxWxV = t5.teacher_forced_logits(model.params, model.config, src_RxS, dec_RxW)
+      return sampling_lib.probs(jnp.take_along_axis(logits_RxWxV, idx_RxG[..., None], axis=1),
+                                sampling)
+    return theory.beta(probs(target), probs(draft))
+  return run
+
+
+def iteration_costs(block_cost, c, gamma):
+  """[gamma + 1]: an iteration proposing k drafts costs min_{j >= k} block_cost(j) + k c target
+  steps (block_cost(j): the (j+1)-token target step over the 1-token one; block_cost(0) = 1).
+  k drafts can be verified in any block of at least k + 1 tokens (the rules' programs use the
+  G_MAX one), so the cheapest such block is charged: a measured curve that is not monotone (noise,
+  a kernel's tile) never charges the oracle more than a rule at width G_MAX pays."""
+  widths = [1.0] + [block_cost[j] for j in range(1, gamma + 1)]
+  return [min(widths[k:]) + k * c for k in range(gamma + 1)]
+
+
+def add_oracle(rows, beta_IxG, accepted_I, cost_G1, temperature) -> dict:
+  """Appends the oracle row to `rows` (before AR), gives each exact token-verification rule its
+  oracle share; returns the setting's oracle fields."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import theory  # pylint: disable=import-outside-toplevel
+  g = beta_IxG.shape[1]
+  tokens_IxG1 = theory.chain_tokens(beta_IxG)
+  k_I, rate = theory.oracle_lengths(beta_IxG, cost_G1)
+  fixed = [r for r in rows if _is_fixed(r) and r['gamma'] <= g]
+
+  def scaled(key):
+    # The oracle's gain over the best fixed gamma (by `key`) on the logged iterations, applied to
+    # that gamma's measured figure.
+    best = max(fixed, key=lambda r: r[key])
+    model = theory.pooled_rate(tokens_IxG1, cost_G1, np.full(len(k_I), best['gamma']))
+    return best, best[key] * rate / model, rate / model
+
+  (best_s, tok_s, gain), (best_p, predicted, _) = scaled('tokens_per_s'), scaled('predicted')
+  tokens_per_call = float(tokens_IxG1[np.arange(len(k_I)), k_I].mean())
+  ar = next(r for r in rows if r['variant'] == 'AR')
+  oracle = dict(variant='oracle', gamma=g, verifier='token', bound=True, tokens_per_s=tok_s,
+                vs_best_fixed=gain, vs_ar=tok_s / ar['tokens_per_s'],
+                tokens_per_call=tokens_per_call, passes_per_call=float(k_I.mean()),
+                passes_per_token=float(k_I.mean()) / tokens_per_call,
+                proposed_per_call=float(k_I.mean()), predicted=predicted,
+                proposed_hist=np.bincount(k_I, minlength=g + 1).tolist())
+  rows.insert(len(rows) - 1 if rows[-1]['variant'] == 'AR' else len(rows), oracle)
+
+  def share(value, best, bound):
+    return (value - best) / (bound - best) if bound > best else float('nan')
+
+  for r in rows:
+    if _is_rule(r) and r['verifier'] == 'token':
+      r['oracle_share'] = share(r['tokens_per_s'], best_s['tokens_per_s'], tok_s)
+      r['oracle_share_cost'] = share(r['predicted'], best_p['predicted'], predicted)
+  rules = [r for r in rows if 'oracle_share' in r]
+  best_rule = max(rules, key=lambda r: r['tokens_per_s']) if rules else {}
+  # The logged run's own check: the mean beta over positions whose prefix was accepted is the
+  # run's alpha; at T = 0 the leading ones of beta are the accepted count (up to ties in floats).
+  seen_IxG = np.arange(g)[None, :] <= np.minimum(accepted_I, g - 1)[:, None]
+  out = dict(oracle_tokens_per_s=tok_s, oracle_vs_fixed=gain, oracle_predicted=predicted,
+             oracle_tokens_per_call=tokens_per_call, oracle_passes_per_call=float(k_I.mean()),
+             oracle_iterations=int(len(k_I)), oracle_gamma=g, oracle_cost=list(cost_G1),
+             oracle_token_rule=best_rule.get('variant'),
+             oracle_share=best_rule.get('oracle_share', float('nan')),
+             oracle_share_cost=best_rule.get('oracle_share_cost', float('nan')),
+             logged_alpha=float(beta_IxG[seen_IxG].mean()))
+  if temperature == 0:
+    lead_I = np.argmin(np.concatenate([beta_IxG > 0.5, np.zeros((len(k_I), 1), bool)], 1), 1)
+    out['logged_agree'] = float(np.mean(lead_I == accepted_I))
+  return out
+
+
+def _is_fixed(r):
+  return r['variant'].startswith('fixed') and r['verifier'] == 'token'
+
+
+def _is_rule(r):
+  return (not r['variant'].startswith(('fixed', 'argmax', 'AR', 'oracle')) and not r.get('bound')
+          and r.get('exact', True))
+
+
 def run_pair(name, args, gate=None, log=print) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
@@ -194,8 +369,9 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   for batch in ints(args.batches):
     probe = padded[:batch]
     c = metrics.measure_c(target, draft, probe, cache_len)
+    oracle_g = max(ints(args.gammas) + [args.g_max])  # the oracle's lengths: 0..oracle_g
     gammas = sorted(set(ints(args.gammas) + ints(args.block_gammas) + ints(args.argmax_gammas)
-                        + [args.g_max]))
+                        + list(range(1, oracle_g + 1))))
     block_cost = {g: metrics.measure_block_cost(target, probe, cache_len, g) for g in gammas}
     log(f"batch {batch}: c = {c:.3f}; block cost (G+1 vs 1 token): "
         + ', '.join(f'{g}: {block_cost[g]:.2f}' for g in gammas))
@@ -205,9 +381,14 @@ def run_pair(name, args, gate=None, log=print) -> dict:
           target, draft, np.asarray(padded), batch=batch, temperature=temperature,
           variants=variants_for(temperature, args, c), max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
+      beta_IxG, accepted_I = logged_betas(
+          target, draft, np.asarray(padded), batch=batch, temperature=temperature,
+          gamma=oracle_g, max_new_tokens=args.max_new_tokens)
+      oracle = add_oracle(rows, beta_IxG, accepted_I, iteration_costs(block_cost, c, oracle_g),
+                          temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
-                     block_vs_token=block_rows, **summarise(rows, block_rows))
+                     block_vs_token=block_rows, **summarise(rows, block_rows), **oracle)
       log(f'\n{name}, batch {batch}, T = {temperature:g}, {len(ids)} prompts x '
           f'{args.max_new_tokens} new tokens')
       log(bc.markdown_table(rows, COLUMNS))
@@ -216,6 +397,12 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         log(bc.markdown_table(block_rows, BLOCK_COLUMNS))
       log(f"best exact rule {setting['best_rule']} vs best fixed {setting['best_fixed']}: "
           f"{setting['rule_vs_fixed']:.3f}x tokens/s")
+      log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over {oracle['oracle_iterations']} "
+          f"logged iterations, alpha {oracle['logged_alpha']:.3f}): "
+          f"{oracle['oracle_vs_fixed']:.3f}x the best fixed gamma, "
+          f"{oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
+          f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its gain "
+          f"in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
       if gate is not None:
         setting['load'], line = bc.table_load(gate, start)
         log(line)
@@ -224,9 +411,8 @@ def run_pair(name, args, gate=None, log=print) -> dict:
 
 
 def summarise(rows, block_rows) -> dict:
-  fixed = [r for r in rows if r['variant'].startswith('fixed') and r['verifier'] == 'token']
-  rules = [r for r in rows if not r['variant'].startswith(('fixed', 'argmax', 'AR'))
-           and r.get('exact', True)]
+  fixed = [r for r in rows if _is_fixed(r)]
+  rules = [r for r in rows if _is_rule(r)]
   best_fixed = max(fixed, key=lambda r: r['tokens_per_s'])
   best_rule = max(rules, key=lambda r: r['tokens_per_s']) if rules else None
   return dict(best_fixed=best_fixed['variant'], best_rule=best_rule and best_rule['variant'],
@@ -263,12 +449,33 @@ def plot(result, path) -> str | None:
   return path
 
 
+GOALS = {'rule_vs_fixed': 1.05, 'oracle_share': 0.5}  # issue 33's Done-when ratios
+
+
+def summary_line(result) -> str:
+  """The run's last line: the Done-when ratios (the worst over the T = 1 settings) and goals."""
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  shown = [x for x in settings if x[1]['temperature'] == 1.0] or settings
+  temps = sorted({s['temperature'] for _, s in shown})
+
+  def worst(key):
+    values = [s.get(key, float('nan')) for _, s in shown]
+    return float('nan') if any(math.isnan(v) for v in values) else min(values, default=math.nan)
+  where = ', '.join(f"{pair} B={s['batch']}" for pair, s in shown)
+  return (f"summary: adaptive/fixed tok/s T={','.join(f'{t:g}' for t in temps)} "
+          f"{bc.fmt(worst('rule_vs_fixed'), '.2f')} (goal {GOALS['rule_vs_fixed']:.2f}); "
+          f"oracle share {bc.fmt(worst('oracle_share'), '.2f')} (goal {GOALS['oracle_share']}); "
+          f"worst of {where}")
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   result, gate = bc.run_pairs(args, run_pair)
   if args.out:
     result['plot'] = plot(result, os.path.splitext(args.out)[0] + '.png')
+  result['summary'] = summary_line(result)
   bc.finish_load(gate, result, args.out)
+  print(result['summary'])
   return result
 
 
