@@ -24,22 +24,22 @@ verification (fixed gamma >= 4, T > 0) is also measured untimed on every prompt 
 --stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is
 recorded beside every table (bench_common's load gate).
 
-The oracle row: what a stop rule that knew every position's acceptance probability could reach.
-One untimed, traced run at fixed gamma G = max(--gammas, --g_max) logs each iteration's prefix and
-its G drafts; one teacher-forced pass of each model over [start, prefix, drafts] (offline, not the
-compiled loop) gives q_i and p_i at the drafted positions, processed as the loop processes them,
-and beta_i = sum_x min(p_i(x), q_i(x)) (at T = 0 the 0/1 match of the argmaxes): the probability
-that draft i is accepted given drafts < i were. Proposing k drafts then yields E[tokens](k) =
-1 + sum_{j <= k} prod_{i <= j} beta_i per target call and costs block_cost(k) + k c (block_cost(k):
-the measured (k+1)-token target step over the 1-token one, or a wider block's where that measured
-cheaper; block_cost(0) = 1). The oracle picks k
-in 0..G per logged iteration to maximise the pooled E[tokens] / cost over all of them
-(theory.oracle_lengths; the per-iteration ratio alone is not the pooled optimum; the code:
-experiments/length_oracle.py). Its gain over the
-best fixed gamma on the same iterations, rate(oracle) / rate(best fixed gamma), is applied to the
-best fixed gamma's measured tok/s (and to its `predicted`, tokens per unit cost): the oracle row.
-Each exact token-verification rule gets its share of the oracle's gain,
-(rule - best fixed) / (oracle - best fixed), in tok/s (`oracle share`) and tokens per cost.
+The oracle row: what a stop rule that knew every position's acceptance probability could reach
+(the code: experiments/length_oracle.py). One untimed, traced run at fixed gamma
+G = max(--gammas, --g_max) logs each iteration's prefix and its G drafts; one teacher-forced pass
+of each model over [start, prefix, drafts] (offline, not the compiled loop) gives q_i and p_i at
+the drafted positions, processed as the loop processes them, and beta_i = sum_x min(p_i(x), q_i(x))
+(at T = 0 the 0/1 match of the argmaxes): the probability that draft i is accepted given drafts
+< i were. Proposing k drafts then yields E[tokens](k) = 1 + sum_{j <= k} prod_{i <= j} beta_i per
+target call and costs block_cost(k) + k c target steps (block_cost(k): the measured (k+1)-token
+target step over the 1-token one, or a wider block's where that measured cheaper; block_cost(0) =
+1). The oracle picks k in 0..G per logged iteration to maximise the pooled E[tokens] / cost over
+all of them (theory.oracle_lengths: argmax_k E(k) - rate* cost(k) at the optimal rate; the
+per-iteration ratio alone is not the pooled optimum). Its gain over the best fixed gamma on the
+same iterations, rate(oracle) / rate(best fixed gamma), is applied to the best fixed gamma's
+measured tok/s (and to its `predicted`, tokens per unit cost): the oracle row. Each exact
+token-verification rule gets its share of that gain, (rule - best fixed) / (oracle - best fixed),
+in tok/s (`oracle share`) and in tokens per cost (`oracle_share_cost` in the JSON).
 
 Why it bounds the exact rules (non-anticipation): an exact rule decides whether x_k is proposed
 from what is known before x_k is sampled (the prefix, x_<k, q_k), never from p_k, which only the
@@ -49,11 +49,15 @@ choices, judged by the same yardstick; a fixed gamma <= G is one of them, so the
 below the best fixed gamma. At T = 0 the yardstick is exact (beta_i is the 0/1 verdict of the
 argmax verification, E[tokens](k) what the iteration yields). At T > 0 it is Eq. 1's model per
 position (the product of the betas along the logged rollout), so there the bound holds under the
-model the paper's optimal gamma uses too. Choices that favour the oracle further: the block cost
+model the paper's optimal gamma uses too. Choices that favour the oracle further: the block
 shrinks to k + 1 tokens (the rules' programs verify the whole G_MAX block); at B > 1 each row is
-charged its own k (the batch waits for its longest row); the starts are the fixed-G run's
-iterations. It bounds token verification: block verification accepts more than the betas say, so
-a `blk` rule can pass it (no share is given to those).
+charged its own k (the batch waits for its longest row). Limits: the iterations' starts are the
+fixed-G run's, not the rule's own; it bounds token verification (block verification accepts more
+than the betas say, so a `blk` rule can pass it: no share is given to those).
+
+The last line printed starts `summary:`: issue 33's Done-when ratios with their goals, the best
+exact rule over the best fixed gamma in tok/s and the best token rule's oracle share, each the
+worst over the T = 1 settings (all settings when none is at T = 1).
 """
 
 from __future__ import annotations
