@@ -21,17 +21,55 @@ passes per iteration, which every row waits for), alpha, and the cost model's pr
 E[tokens per call] / (E[draft passes per call] c + block cost(gamma)) with c and the block cost
 measured (metrics.measure_c, metrics.measure_block_cost). Tokens per target call of block vs token
 verification (fixed gamma >= 4, T > 0) is also measured untimed on every prompt repeated
---stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is recorded beside every table (bench_common's load gate).
+--stat_seeds times in one batch, with a bootstrap standard error over rows. The machine's load is
+recorded beside every table (bench_common's load gate).
+
+The oracle row: what a stop rule that knew every position's acceptance probability could reach
+(the code: experiments/length_oracle.py). One untimed, traced run at fixed gamma
+G = max(--gammas, --g_max) logs each iteration's prefix and its G drafts; one teacher-forced pass
+of each model over [start, prefix, drafts] (offline, not the compiled loop) gives q_i and p_i at
+the drafted positions, processed as the loop processes them, and beta_i = sum_x min(p_i(x), q_i(x))
+(at T = 0 the 0/1 match of the argmaxes): the probability that draft i is accepted given drafts
+< i were. Proposing k drafts then yields E[tokens](k) = 1 + sum_{j <= k} prod_{i <= j} beta_i per
+target call and costs block_cost(k) + k c target steps (block_cost(k): the measured (k+1)-token
+target step over the 1-token one, or a wider block's where that measured cheaper; block_cost(0) =
+1). The oracle picks k in 0..G per logged iteration to maximise the pooled E[tokens] / cost over
+all of them (theory.oracle_lengths: argmax_k E(k) - rate* cost(k) at the optimal rate; the
+per-iteration ratio alone is not the pooled optimum). Its gain over the best fixed gamma on the
+same iterations, rate(oracle) / rate(best fixed gamma), is applied to the best fixed gamma's
+measured tok/s (and to its `predicted`, tokens per unit cost): the oracle row. Each exact
+token-verification rule gets its share of that gain, (rule - best fixed) / (oracle - best fixed),
+in tok/s (`oracle share`) and in tokens per cost (`oracle_share_cost` in the JSON).
+
+Why it bounds the exact rules (non-anticipation): an exact rule decides whether x_k is proposed
+from what is known before x_k is sampled (the prefix, x_<k, q_k), never from p_k, which only the
+verification pass computes. The oracle knows beta_k (and the later betas of the logged rollout)
+before it decides and may choose any length 0..G, so an exact rule's lengths are among its
+choices, judged by the same yardstick; a fixed gamma <= G is one of them, so the oracle is never
+below the best fixed gamma. At T = 0 the yardstick is exact (beta_i is the 0/1 verdict of the
+argmax verification, E[tokens](k) what the iteration yields). At T > 0 it is Eq. 1's model per
+position (the product of the betas along the logged rollout), so there the bound holds under the
+model the paper's optimal gamma uses too. Choices that favour the oracle further: the block
+shrinks to k + 1 tokens (the rules' programs verify the whole G_MAX block); at B > 1 each row is
+charged its own k (the batch waits for its longest row). Limits: the iterations' starts are the
+fixed-G run's, not the rule's own; it bounds token verification (block verification accepts more
+than the betas say, so a `blk` rule can pass it: no share is given to those).
+
+The last line printed starts `summary:`: issue 33's Done-when ratios with their goals, the best
+exact rule over the best fixed gamma in tok/s and the best token rule's oracle share, each the
+worst over the T = 1 settings (all settings when none is at T = 1).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
+import length_oracle  # noqa: E402  pylint: disable=wrong-import-position
 
 COLUMNS = [
     ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('verifier', 'verify', ''),
@@ -39,7 +77,8 @@ COLUMNS = [
     ('vs_ar', 'vs AR', '.2f'), ('tokens_per_call', 'tok / call', '.3f'),
     ('passes_per_call', 'passes / call', '.2f'), ('passes_per_token', 'passes / tok', '.3f'),
     ('proposed_per_call', 'proposed / call', '.2f'), ('alpha', 'alpha', '.3f'),
-    ('predicted', 'predicted', '.2f'), ('ms', 'median ms', '.1f'),
+    ('predicted', 'predicted', '.2f'), ('oracle_share', 'oracle share', '.2f'),
+    ('ms', 'median ms', '.1f'),
 ]
 BLOCK_COLUMNS = [
     ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('token', 'token tok/call', '.4f'), ('block', 'block tok/call', '.4f'),
@@ -183,6 +222,15 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
   return rows, block_rows
 
 
+def _is_fixed(r):
+  return r['variant'].startswith('fixed') and r['verifier'] == 'token'
+
+
+def _is_rule(r):
+  return (not r['variant'].startswith(('fixed', 'argmax', 'AR', 'oracle')) and not r.get('bound')
+          and r.get('exact', True))
+
+
 def run_pair(name, args, gate=None, log=print) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
@@ -194,8 +242,9 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   for batch in ints(args.batches):
     probe = padded[:batch]
     c = metrics.measure_c(target, draft, probe, cache_len)
+    oracle_g = max(ints(args.gammas) + [args.g_max])  # the oracle's lengths: 0..oracle_g
     gammas = sorted(set(ints(args.gammas) + ints(args.block_gammas) + ints(args.argmax_gammas)
-                        + [args.g_max]))
+                        + list(range(1, oracle_g + 1))))
     block_cost = {g: metrics.measure_block_cost(target, probe, cache_len, g) for g in gammas}
     log(f"batch {batch}: c = {c:.3f}; block cost (G+1 vs 1 token): "
         + ', '.join(f'{g}: {block_cost[g]:.2f}' for g in gammas))
@@ -205,9 +254,16 @@ def run_pair(name, args, gate=None, log=print) -> dict:
           target, draft, np.asarray(padded), batch=batch, temperature=temperature,
           variants=variants_for(temperature, args, c), max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
+      beta_IxG, accepted_I = length_oracle.logged_betas(
+          target, draft, np.asarray(padded), batch=batch, temperature=temperature,
+          gamma=oracle_g, max_new_tokens=args.max_new_tokens)
+      oracle = length_oracle.add_oracle(
+          rows, [r for r in rows if _is_fixed(r)],
+          [r for r in rows if _is_rule(r) and r['verifier'] == 'token'], beta_IxG, accepted_I,
+          length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
-                     block_vs_token=block_rows, **summarise(rows, block_rows))
+                     block_vs_token=block_rows, **summarise(rows, block_rows), **oracle)
       log(f'\n{name}, batch {batch}, T = {temperature:g}, {len(ids)} prompts x '
           f'{args.max_new_tokens} new tokens')
       log(bc.markdown_table(rows, COLUMNS))
@@ -216,6 +272,12 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         log(bc.markdown_table(block_rows, BLOCK_COLUMNS))
       log(f"best exact rule {setting['best_rule']} vs best fixed {setting['best_fixed']}: "
           f"{setting['rule_vs_fixed']:.3f}x tokens/s")
+      log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over {oracle['oracle_iterations']} "
+          f"logged iterations, alpha {oracle['logged_alpha']:.3f}): "
+          f"{oracle['oracle_vs_fixed']:.3f}x the best fixed gamma, "
+          f"{oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
+          f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its gain "
+          f"in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
       if gate is not None:
         setting['load'], line = bc.table_load(gate, start)
         log(line)
@@ -224,9 +286,8 @@ def run_pair(name, args, gate=None, log=print) -> dict:
 
 
 def summarise(rows, block_rows) -> dict:
-  fixed = [r for r in rows if r['variant'].startswith('fixed') and r['verifier'] == 'token']
-  rules = [r for r in rows if not r['variant'].startswith(('fixed', 'argmax', 'AR'))
-           and r.get('exact', True)]
+  fixed = [r for r in rows if _is_fixed(r)]
+  rules = [r for r in rows if _is_rule(r)]
   best_fixed = max(fixed, key=lambda r: r['tokens_per_s'])
   best_rule = max(rules, key=lambda r: r['tokens_per_s']) if rules else None
   return dict(best_fixed=best_fixed['variant'], best_rule=best_rule and best_rule['variant'],
@@ -263,12 +324,33 @@ def plot(result, path) -> str | None:
   return path
 
 
+GOALS = {'rule_vs_fixed': 1.05, 'oracle_share': 0.5}  # issue 33's Done-when ratios
+
+
+def summary_line(result) -> str:
+  """The run's last line: the Done-when ratios (the worst over the T = 1 settings) and goals."""
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  shown = [x for x in settings if x[1]['temperature'] == 1.0] or settings
+  temps = sorted({s['temperature'] for _, s in shown})
+
+  def worst(key):
+    values = [s.get(key, float('nan')) for _, s in shown]
+    return float('nan') if any(math.isnan(v) for v in values) else min(values, default=math.nan)
+  where = ', '.join(f"{pair} B={s['batch']}" for pair, s in shown)
+  return (f"summary: adaptive/fixed tok/s T={','.join(f'{t:g}' for t in temps)} "
+          f"{bc.fmt(worst('rule_vs_fixed'), '.2f')} (goal {GOALS['rule_vs_fixed']:.2f}); "
+          f"oracle share {bc.fmt(worst('oracle_share'), '.2f')} (goal {GOALS['oracle_share']}); "
+          f"worst of {where}")
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   result, gate = bc.run_pairs(args, run_pair)
   if args.out:
     result['plot'] = plot(result, os.path.splitext(args.out)[0] + '.png')
+  result['summary'] = summary_line(result)
   bc.finish_load(gate, result, args.out)
+  print(result['summary'])
   return result
 
 

@@ -15,12 +15,16 @@ Timed interleaved (specjax.runner.metrics.time_interleaved: compile apart, block
 median of --repeats). Tokens per target call, accepted path lengths and nodes per call are pooled
 over the timed run and --stat_seeds extra untimed seeds (sampling only); the ratio of a tree to
 the chain with the same number of verified tokens (`vs chain`) is the headline. The machine's load
-is recorded beside every table (bench_common's load gate).
+is recorded beside every table (bench_common's load gate). The last line printed (`summary:`)
+gives issue 33's two ratios with their goals, the worst over pairs at T = 1: the best tree of
+budget 8 (else the largest budget measured) over the chain of that budget in tokens per call, and
+the fastest tree over the fastest chain in tok/s, naming the variants.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 
@@ -55,7 +59,7 @@ def parse_args(argv=None):
                              smoke_help='random smoke pair, 2 prompts, 1 repeat')
   if args.smoke:
     args.pairs, args.n, args.repeats, args.stat_seeds, args.max_new_tokens = 'smoke', 2, 1, 0, 12
-    args.trees, args.gammas = '((2,1),)', '3'
+    args.trees, args.gammas = '((2,1),)', '4'  # tree (2,1) verifies 4 nodes: chain 4
   return args
 
 
@@ -155,10 +159,48 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   return record
 
 
+# Issue 33's Done-when ratios (for a dynamic tree; the static trees stand in until it exists).
+GOALS = {'tokens_per_call': 1.15, 'tokens_per_s': 1.10}
+BUDGET = 8  # verified tokens per call
+
+
+def summary_line(result) -> str:
+  """The run's last line: the best tree against the chain of the same budget (tokens per call) and
+  the best tree against the best chain (tok/s), at T = 1 when measured, the worst over pairs."""
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  shown = [x for x in settings if x[1]['temperature'] == 1.0] or settings
+  temps = ','.join(sorted({f"{s['temperature']:g}" for _, s in shown}))
+  per_call, per_s = [], []  # (ratio, what) per setting
+  for pair, s in shown:
+    trees = [r for r in s['rows'] if r['variant'].startswith('tree')]
+    chains = [r for r in s['rows'] if r['variant'].startswith('chain')]
+    budgets = {r['verified'] for r in trees if r.get('vs_chain') is not None}
+    budget = BUDGET if BUDGET in budgets else max(budgets, default=None)
+    at = [r for r in trees if r['verified'] == budget and r.get('vs_chain') is not None]
+    if at:
+      best = max(at, key=lambda r: r['vs_chain'])
+      per_call.append((best['vs_chain'], f"{pair}: {best['variant']} vs {best['vs_chain_of']}",
+                       budget))
+    timed = [r for r in trees + chains if 'tokens_per_s' in r]
+    if any(r in trees for r in timed) and any(r in chains for r in timed):
+      tree = max((r for r in timed if r in trees), key=lambda r: r['tokens_per_s'])
+      chain = max((r for r in timed if r in chains), key=lambda r: r['tokens_per_s'])
+      per_s.append((tree['tokens_per_s'] / chain['tokens_per_s'],
+                    f"{pair}: {tree['variant']} vs {chain['variant']}"))
+  call = min(per_call, default=(math.nan, 'not measured', BUDGET))
+  speed = min(per_s, default=(math.nan, 'not measured'))
+  return (f"summary: static-tree/chain tokens per call T={temps} budget {call[2]} "
+          f"{bc.fmt(call[0], '.2f')} (goal {GOALS['tokens_per_call']:.2f}; {call[1]}); "
+          f"static-tree/best chain tok/s {bc.fmt(speed[0], '.2f')} "
+          f"(goal {GOALS['tokens_per_s']:.2f}; {speed[1]})")
+
+
 def main(argv=None) -> dict:
   args = parse_args(argv)
   result, gate = bc.run_pairs(args, run_pair)
+  result['summary'] = summary_line(result)
   bc.finish_load(gate, result, args.out)
+  print(result['summary'])
   return result
 
 

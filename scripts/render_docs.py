@@ -289,9 +289,12 @@ def render_adaptive(records) -> str:
         rows.append([pair['pair'], s['batch'], f"{s['temperature']:g}", num(s.get('c'), '.3f'),
                      f"{s.get('best_fixed')} ({num(fixed.get('tokens_per_s'), '.0f')} tok/s)",
                      s.get('best_rule') or '-', num(s.get('rule_vs_fixed'), '.3f', 'X'),
+                     num(s.get('oracle_vs_fixed'), '.3f', 'X'),
+                     f"{num(s.get('oracle_share'), '.2f')} ({s.get('oracle_token_rule') or '-'})",
                      num(s.get('block_ratio_min'), '.3f')])
     out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
         ['pair', 'B', 'T', 'c', 'best fixed gamma', 'best exact stop rule', 'rule / fixed',
+         'oracle / fixed', "oracle share (best token rule)",
          'block / token verification, tok/call (min over gamma >= 4)'], rows))
   return '\n\n'.join(out) + note
 

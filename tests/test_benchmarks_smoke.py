@@ -85,6 +85,46 @@ def test_bench_batch(tmp_path, capsys, monkeypatch):
   assert 'LOADED, kept by --allow-loaded' in printed
 
 
+def _summary_is_last(printed, start):
+  lines = printed.strip().splitlines()
+  assert lines[-1].startswith(start), lines[-3:]
+  assert sum(line.startswith('summary:') for line in lines) == 1
+  return lines[-1]
+
+
+def test_bench_adaptive(tmp_path, capsys):
+  _, saved, printed = _run('bench_adaptive', tmp_path, capsys)
+  (pair,) = saved['pairs']
+  assert [s['temperature'] for s in pair['settings']] == [0.0, 1.0]
+  for s in pair['settings']:
+    rows = {r['variant']: r for r in s['rows']}
+    oracle, gamma = rows['oracle'], s['oracle_gamma']
+    assert oracle['bound'] and list(rows)[-2:] == ['oracle', 'AR'] and gamma == 4
+    # A fixed gamma is one of the oracle's choices: never below the best fixed one.
+    best = max(r['tokens_per_s'] for r in s['rows']
+               if r['variant'].startswith('fixed') and r['verifier'] == 'token')
+    assert s['oracle_vs_fixed'] >= 1 and oracle['tokens_per_s'] >= best * (1 - 1e-12)
+    assert 1 <= s['oracle_tokens_per_call'] <= gamma + 1 and s['oracle_iterations'] > 0
+    assert 'oracle_share' in s and 'oracle_share' in rows['alpha']
+    # The offline pass reads the logged run right: its alpha (beta over positions whose prefix
+    # was accepted) is the loop's own for the same gamma and seeds; at T = 0 its leading ones are
+    # the accepted counts.
+    assert s['logged_alpha'] == pytest.approx(rows[f'fixed {gamma}']['alpha'], abs=0.01)
+    if s['temperature'] == 0:
+      assert s['logged_agree'] == 1.0
+  line = _summary_is_last(printed, 'summary: adaptive/fixed tok/s T=1 ')
+  assert '(goal 1.05); oracle share ' in line and '(goal 0.5)' in line
+  assert saved['summary'] == line and '| oracle | 4 | token |' in printed
+
+
+def test_bench_tree(tmp_path, capsys):
+  _, saved, printed = _run('bench_tree', tmp_path, capsys)
+  line = _summary_is_last(printed, 'summary: static-tree/chain tokens per call T=1 budget 4 ')
+  assert '(goal 1.15; smoke: tree (2,1) vs chain 4)' in line
+  assert 'static-tree/best chain tok/s ' in line and '(goal 1.10; smoke: ' in line
+  assert saved['summary'] == line
+
+
 def test_bench_compile(tmp_path, capsys):
   _, saved, printed = _run('bench_compile', tmp_path, capsys)
   assert [s['new_traces'] for s in saved['sweep']][1] == 0  # second pass: nothing retraced

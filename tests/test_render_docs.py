@@ -130,6 +130,7 @@ def test_every_region_renders_from_fake_records(tmp_path):
       'bench_adaptive': {'pairs': [{'pair': 'tiny', 'settings': [
           {'batch': 1, 'temperature': 1.0, 'c': 0.05, 'best_fixed': 'fixed 3',
            'best_rule': 'alpha', 'rule_vs_fixed': 1.02, 'block_ratio_min': 1.05,
+           'oracle_vs_fixed': 1.08, 'oracle_share': 0.25, 'oracle_token_rule': 'alpha',
            'rows': [{'variant': 'fixed 3', 'tokens_per_s': 100.0}]}]}]},
       'bench_tree': {'pairs': [{'pair': 'tiny', 'settings': [{'temperature': 1.0, 'rows': [
           {'variant': 'tree (2,1)', 'verified': 3, 'tokens_per_call': 2.2, 'vs_chain': 1.1,
@@ -150,6 +151,8 @@ def test_every_region_renders_from_fake_records(tmp_path):
     if name.startswith('run-'):
       continue  # no run.tiny record here (test_host_dependent_figures_show_one_row_per_host)
     assert 'Not measured' not in text and '|---|' in text, (name, text)
+    if name == 'adaptive':  # the oracle beside the best rule, and the best token rule's share
+      assert '| 1.080X | 0.25 (alpha) |' in text, text
 
 
 def test_records_carry_no_machine_paths():

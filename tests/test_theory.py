@@ -48,3 +48,73 @@ def test_some_gamma_helps_when_alpha_exceeds_c():
 def test_expected_tokens_limits():
   assert metrics.expected_tokens_per_call(1.0, 7) == 8
   assert metrics.expected_tokens_per_call(0.0, 7) == 1
+
+
+# ----------------------------------------------------------------------------- the length oracle
+# theory.oracle_lengths (experiments/bench_adaptive.py's oracle row): the proposal length per
+# logged iteration that maximises pooled expected tokens per unit cost.
+
+
+def _costs(c, block):
+  """cost[k] = block cost of k + 1 tokens + k c, block[0] = 1."""
+  return [b + k * c for k, b in enumerate(block)]
+
+
+def test_chain_tokens_is_eq1_per_position():
+  import numpy as np
+  from specjax.decoding import theory
+  beta = np.array([[0.9, 0.5, 0.1], [0.7, 0.7, 0.7]])
+  np.testing.assert_allclose(theory.chain_tokens(beta)[0], [1, 1.9, 2.35, 2.395])
+  np.testing.assert_allclose(theory.chain_tokens(beta)[1],
+                             [metrics.expected_tokens_per_call(0.7, g) for g in range(4)])
+
+
+def test_oracle_single_iteration_known_optimum():
+  # E = [1, 1.9, 2.35, 2.395], cost = [1, 1.3, 1.6, 1.9]: ratios 1, 1.4615, 1.46875, 1.2605.
+  from specjax.decoding import theory
+  beta, cost = [[0.9, 0.5, 0.1]], _costs(0.2, [1.0, 1.1, 1.2, 1.3])
+  k, rate = theory.oracle_lengths(beta, cost)
+  assert k.tolist() == [2] and rate == pytest.approx(2.35 / 1.6)
+  # Negative control: an oracle blind to the cost (every length costs the same) proposes all 3,
+  # which is worse under the real costs.
+  blind, _ = theory.oracle_lengths(beta, [1.0] * 4)
+  assert blind.tolist() == [3]
+  assert theory.pooled_rate(theory.chain_tokens(beta), cost, blind) < rate - 0.2
+
+
+def test_oracle_matches_enumeration_and_beats_every_fixed_gamma():
+  import itertools
+  import numpy as np
+  from specjax.decoding import theory
+  rng = np.random.default_rng(0)
+  for trial in range(5):
+    beta = rng.uniform(0, 1, (4, 3)) ** rng.uniform(0.2, 2, (4, 1))  # varied rows
+    cost = _costs(rng.uniform(0.05, 0.5), np.cumsum([1.0, *rng.uniform(0.02, 0.4, 3)]))
+    tokens = theory.chain_tokens(beta)
+    k, rate = theory.oracle_lengths(beta, cost)
+    every = {ks: theory.pooled_rate(tokens, cost, ks)
+             for ks in itertools.product(range(4), repeat=4)}  # all 4^4 assignments
+    best = max(every, key=every.get)
+    assert rate == pytest.approx(every[best], rel=1e-12), trial
+    assert theory.pooled_rate(tokens, cost, k) == pytest.approx(rate, rel=1e-12)
+    # A fixed gamma (0..3, the same on every iteration) is one of the oracle's choices.
+    for g in range(4):
+      assert rate >= every[(g,) * 4] - 1e-12, (trial, g)
+    # The logged data of one oracle (same betas, same costs): it must be >= the best fixed one.
+    assert rate >= max(every[(g,) * 4] for g in range(4))
+
+
+def test_oracle_is_not_the_per_iteration_ratio():
+  # Control: maximising each iteration's own E / cost is not the pooled optimum. Iteration A
+  # (beta 0.55) alone is worth a draft (1.55 / 1.5 > 1), but it lowers the pooled rate of B's
+  # (beta 1: 2 / 1.5): (1, 1) gives 3.55 / 3 = 1.183, (0, 1) gives 3 / 2.5 = 1.2.
+  import numpy as np
+  from specjax.decoding import theory
+  beta, cost = np.array([[0.55], [1.0]]), [1.0, 1.5]
+  tokens = theory.chain_tokens(beta)
+  per_iteration = np.argmax(tokens / np.asarray(cost)[None, :], axis=1)
+  k, rate = theory.oracle_lengths(beta, cost)
+  assert per_iteration.tolist() == [1, 1] and k.tolist() == [0, 1]
+  assert rate == pytest.approx(1.2)
+  assert theory.pooled_rate(tokens, cost, per_iteration) == pytest.approx(3.55 / 3)
+  assert 3.55 / 3 < rate

@@ -10,12 +10,15 @@ costing c target steps the walltime improvement is E[tokens] / (gamma c + 1) (Th
 
 Every function works on Python floats and, where it says so, on traced arrays: the runner's
 tables, the stop rule that tracks alpha per row (stopping.AlphaTracked) and gamma='auto'
-(decoding.auto) all call these.
+(decoding.auto) all call these. The length oracle at the end (chain_tokens, oracle_lengths) is
+numpy: it bounds adaptive proposal lengths offline from logged per-position betas
+(experiments/bench_adaptive.py).
 """
 
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 
 def beta(p_xV, q_xV):
@@ -67,3 +70,53 @@ def best_gamma(alpha_x, cost_G1, first: int = 0):
   tokens_xG1 = jnp.stack([expected_tokens_per_call(alpha_x, g) for g in range(len(cost_G1))], -1)
   gain_xG1 = tokens_xG1 / jnp.asarray(cost_G1, jnp.float32)
   return (jnp.argmax(gain_xG1[..., first:], axis=-1) + first).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- the length oracle
+# Offline (numpy, float64): a bound for adaptive proposal lengths from logged per-position betas.
+
+
+def chain_tokens(beta_NxG):
+  """E[tokens per call] when a chain proposes k = 0..G drafts, per row of betas: [N, G + 1].
+
+  beta_NxG[n, i - 1] is draft i's acceptance probability given drafts < i were accepted
+  (sum_x min(p_i, q_i); the 0/1 match of argmaxes at temperature 0), so E[tokens](k) =
+  1 + sum_{j <= k} prod_{i <= j} beta_i (Eq. 1 when every beta_i = alpha)."""
+  beta = np.clip(np.asarray(beta_NxG, np.float64), 0.0, 1.0)
+  run_NxG = np.cumprod(beta, axis=1)
+  return np.concatenate([np.ones((beta.shape[0], 1)), 1.0 + np.cumsum(run_NxG, axis=1)], axis=1)
+
+
+def pooled_rate(tokens_NxG1, cost_G1, k_N) -> float:
+  """sum_n E_n(k_n) / sum_n cost[k_n]: tokens per unit cost of proposing k_n at iteration n."""
+  k_N = np.asarray(k_N, int)
+  rows = np.arange(len(k_N))
+  return float(tokens_NxG1[rows, k_N].sum() / np.asarray(cost_G1, np.float64)[k_N].sum())
+
+
+def oracle_lengths(beta_NxG, cost_G1, max_steps: int = 100):
+  """The lengths k_n in 0..G, one per logged iteration, that maximise the pooled tokens per unit
+  cost sum_n E_n(k_n) / sum_n cost[k_n]; returns (k_N, rate).
+
+  cost_G1[k] is what an iteration proposing k drafts costs (for the speculative loop: the target's
+  (k+1)-token step plus k draft steps, in 1-token target steps). Maximising each iteration's own
+  ratio E_n(k) / cost[k] does not maximise the pooled one (a fixed gamma can beat it); the pooled
+  optimum picks per iteration argmax_k E_n(k) - rate* cost[k] at the optimal rate rate*, found by
+  Dinkelbach's iteration from the best fixed gamma (each step raises the rate; it stops at the
+  optimum, since then no choice of lengths has sum E - rate* sum cost > 0). Ties go to the smaller
+  k. Every fixed gamma in 0..G is one of the choices, so the rate is >= the best fixed gamma's."""
+  tokens_NxG1 = chain_tokens(beta_NxG)
+  cost_G1 = np.asarray(cost_G1, np.float64)
+  n, g1 = tokens_NxG1.shape
+  if cost_G1.shape != (g1,) or not (cost_G1 > 0).all():
+    raise ValueError(f'cost_G1 must hold {g1} positive costs, got {cost_G1}')
+  fixed = [pooled_rate(tokens_NxG1, cost_G1, np.full(n, g)) for g in range(g1)]
+  k_N = np.full(n, int(np.argmax(fixed)))
+  rate = max(fixed)
+  for _ in range(max_steps):
+    new_k_N = np.argmax(tokens_NxG1 - rate * cost_G1[None, :], axis=1)
+    new_rate = pooled_rate(tokens_NxG1, cost_G1, new_k_N)
+    if not new_rate > rate * (1 + 1e-12):
+      break
+    k_N, rate = new_k_N, new_rate
+  return k_N, rate
