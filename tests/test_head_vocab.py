@@ -208,7 +208,7 @@ def test_runner_head_spec(tmp_path):
   from specjax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
   from specjax.runner import drafts  # pylint: disable=import-outside-toplevel
   from specjax.runner import report, results  # pylint: disable=import-outside-toplevel
-  _, head = fh._greedy_pair()  # pylint: disable=protected-access
+  target, head = fh._greedy_pair()  # pylint: disable=protected-access
   d = str(tmp_path / 'head')
   head_lib.save_head(head.params, head.config, d)
   assert drafts.head_spec(d) == (d, {})
@@ -229,3 +229,6 @@ def test_runner_head_spec(tmp_path):
   ident = results.draft_settings(None, d + ':vocab=10', {})
   assert ident['options'] == {'vocab': 10} and ident['path'] == results.path_identity(d)['path']
   assert report.describe(d + ':vocab=10').endswith(', 10 of 48 ids')
+  built = drafts.build(None, d + ':vocab=10', target, None, 'task')
+  assert isinstance(built, FeatureHeadDraft) and built.draft_vocab == 10
+  assert drafts.build(None, d, target, None, 'task').slot_V is None
