@@ -4,6 +4,7 @@
   python experiments/head_vocab.py --split=test --vocabs=1000,4000      # the held-out check
   python experiments/head_vocab.py --write_vocab   # (re)writes the shipped head's vocab.json
   python experiments/head_vocab.py --smoke         # tests: a random head, seconds
+  (--out=FILE.json keeps the rows)
 
 For every V_d the shipped head (specjax/assets/tiny_pair/head) is cut to the lm_head columns of the
 V_d most frequent target ids (its vocab.json: counts of the target-side ids of the training
@@ -62,6 +63,7 @@ def main(argv=None) -> dict:
   p.add_argument('--cost_batch', type=int, default=1)
   p.add_argument('--seed', type=int, default=0)
   p.add_argument('--write_vocab', action='store_true')
+  p.add_argument('--out', default='', help='JSON of the rows (and the machine)')
   p.add_argument('--smoke', action='store_true')
   a = p.parse_args(argv)
   import jax  # pylint: disable=import-outside-toplevel
@@ -73,7 +75,7 @@ def main(argv=None) -> dict:
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
 
-  bc.print_machine()
+  machine = bc.print_machine()
   tok = data.bible_tokenizer()
   head_dir = os.path.join(str(data.TINY_PAIR_DIR), 'head')
   tmp = None
@@ -141,7 +143,11 @@ def main(argv=None) -> dict:
   print(bc.markdown_table(rows, COLUMNS))
   if tmp is not None:
     tmp.cleanup()
-  return {'args': vars(a), 'rows': rows}
+  result = {'args': vars(a), 'machine': machine, 'load_average_end': bc.load_average(),
+            'target_step_s': t_target / 32, 'rows': rows}
+  if a.out:
+    bc.write_json(a.out, result)
+  return result
 
 
 if __name__ == '__main__':
