@@ -1,6 +1,6 @@
 """Quality and acceptance of the shipped pair and its drafts: BLEU, alpha, tokens per target call.
 
-  python experiments/pair_eval.py [--drafts=draft,head,runs/x/export] [--out=results/bench/pair_eval.json]
+  python experiments/pair_eval.py [--drafts=draft,head,head:vocab=2582,runs/x/export] [--out=results/bench/pair_eval.json]
   python experiments/pair_eval.py --smoke                                  # tests
 
 Greedy BLEU (sacrebleu, 13a) of the target and of every T5 draft on the first --bleu_n test
@@ -41,7 +41,9 @@ def by_position(accepted_hist_G1) -> list[float]:
 
 
 def resolve(name: str, root: str) -> str:
-  return name if os.path.isdir(os.path.expanduser(name)) else os.path.join(root, name)
+  """A directory as given, else under root; a feature head's options ('head:vocab=2582') kept."""
+  path = name.split(':')[0]
+  return name if os.path.isdir(os.path.expanduser(path)) else os.path.join(root, name)
 
 
 def main(argv=None) -> dict:
@@ -72,6 +74,7 @@ def evaluate(a, smoke_root) -> dict:
   from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
   from specjax.models.t5 import param_count  # pylint: disable=import-outside-toplevel
+  from specjax.runner import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
   root = str(data.TINY_PAIR_DIR)
   if smoke_root is not None:
     import jax  # pylint: disable=import-outside-toplevel
@@ -110,10 +113,11 @@ def evaluate(a, smoke_root) -> dict:
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=a.max_new_tokens)
   for name in a.drafts.split(','):
     path = resolve(name.strip(), root)
-    if os.path.isfile(os.path.join(path, head_lib.CONFIG_NAME)):
-      draft = FeatureHeadDraft.for_target(target, path)
+    if drafts_lib.is_head_dir(path):  # 'head' or 'head:vocab=2582' (a truncated vocabulary)
+      path, options = drafts_lib.head_spec(path)
+      draft = FeatureHeadDraft.for_target(target, path, vocab=options.get('vocab'))
       row = {'draft': name, 'kind': 'feature head',
-             'params_m': head_lib.param_count(draft.config) / 1e6}
+             'params_m': sum(int(x.size) for x in draft.params.values()) / 1e6}
     else:
       draft = specjax.load_t5(path)
       row = {'draft': name, 'kind': 'T5', 'params_m': param_count(draft.config) / 1e6,

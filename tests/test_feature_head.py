@@ -269,11 +269,12 @@ def test_head_files_roundtrip_and_errors(tmp_path):
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=cpu_kernels.status())
 
 
-def _packed(target_head):
-  """The pair with the target on the CPU kernels; the head built for it packs its own weights."""
+def _packed(target_head, vocab=None):
+  """The pair with the target on the CPU kernels; the head built for it packs its own weights
+  (cut to the ids `vocab` first, when given)."""
   target, head = target_head
   target = target.pack()
-  return target, FeatureHeadDraft.for_target(target, (head.params, head.config))
+  return target, FeatureHeadDraft.for_target(target, (head.params, head.config), vocab=vocab)
 
 
 @needs_kernel
@@ -308,10 +309,10 @@ def test_packed_head_greedy_identical():
 
 
 @functools.lru_cache(maxsize=None)
-def packed_law_pvalue(verifier='token', rows=125):
+def packed_law_pvalue(verifier='token', rows=125, vocab=None):
   """law_pvalue's test with the pair on the CPU kernels: N rows in calls of `rows` (rows x block
   tokens stay under cpu_kernels.MAX_ROWS, so the kernels run, not XLA's fallback)."""
-  target, head = _packed(models())
+  target, head = _packed(models(), vocab)
   assert rows * (GAMMA + 1) <= cpu_kernels.MAX_ROWS
   key = jax.random.PRNGKey(SEED)
   tokens = [loop.speculative_decode(target, head, np.repeat(PROMPT, rows, axis=0), gamma=GAMMA,
@@ -327,3 +328,18 @@ def test_packed_head_follows_target_law_and_control_is_rejected():
   p_control = packed_law_pvalue(ALWAYS_ACCEPT)
   print(f'packed head: chi-square p = {p:.3g}; always-accept control p = {p_control:.3g}')
   assert p > 1e-3 and p_control < 1e-6
+
+
+@needs_kernel
+def test_packed_truncated_head_is_exact():
+  """A truncated head on the kernels (24 of 48 ids; 8 of 12 for the law): greedy identity and
+  the law test (the always-accept control of the test above shows its power)."""
+  target, head = _packed(_greedy_pair(), vocab=np.arange(0, 48, 2))
+  assert head.packed is not None and head.draft_vocab == 24
+  ids = np.random.RandomState(0).randint(2, 48, (3, 9)).astype(np.int32)
+  base = loop.autoregressive_decode(target, ids, max_new_tokens=14)
+  out = loop.speculative_decode(target, head, ids, gamma=3, max_new_tokens=14)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  p = packed_law_pvalue(vocab=(1, 2, 4, 5, 6, 8, 9, 11))
+  print(f'packed truncated head: chi-square p = {p:.3g}')
+  assert p > 1e-3

@@ -1,5 +1,5 @@
-"""The shipped pair's design and evaluation scripts (experiments/pair_shapes.py, pair_eval.py) run
-in their --smoke modes: tables printed, JSON written, nothing left behind."""
+"""The shipped pair's design and evaluation scripts (experiments/pair_shapes.py, pair_eval.py,
+head_vocab.py) run in their --smoke modes: tables printed, JSON written, nothing left behind."""
 
 import json
 import sys
@@ -39,3 +39,14 @@ def test_pair_eval_smoke(tmp_path, capsys):
     assert len(rows[name]['by_pos_t1']) == result['args']['gamma']
   assert __import__('pair_eval').by_position([2, 1, 1]) == [0.5, 0.5]  # m = 0 twice, 1 once, 2 once
   assert set(Path(tempfile.gettempdir()).glob('pair_eval_*')) == before  # cleaned up
+
+
+def test_head_vocab_smoke(tmp_path, capsys):
+  before = set(Path(tempfile.gettempdir()).glob('head_vocab_*'))
+  _, saved, printed = _run('head_vocab', tmp_path, capsys)
+  rows = {r['vocab']: r for r in saved['rows']}
+  assert set(rows) == {100, 4000} and 'CPU cores' in printed and 'load average' in printed
+  for r in rows.values():
+    assert r['same'] and 0 <= r['alpha_t1'] <= 1 and r['cost'] > 0 and r['tpc_t0'] >= 1
+  assert rows[100]['coverage'] < rows[4000]['coverage'] == 1.0
+  assert set(Path(tempfile.gettempdir()).glob('head_vocab_*')) == before  # cleaned up

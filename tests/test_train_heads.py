@@ -73,6 +73,11 @@ def test_head_training_exports_a_draft_that_decodes_exactly(pair, tmp_path):
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)
   out = specjax.speculative_decode(target, draft, ids, gamma=3, max_new_tokens=8)
   np.testing.assert_array_equal(out.tokens, base.tokens)
+  # The export's vocab.json (the training targets' ids by frequency) cuts a truncated head.
+  small = FeatureHeadDraft.for_target(target, res['export_dir'], vocab=50)
+  assert small.draft_vocab == 50 and small.vocab_size == target.config.vocab_size
+  out = specjax.speculative_decode(target, small, ids, gamma=3, max_new_tokens=8)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
 
 
 def test_onpolicy_distillation_lowers_the_divergence(pair, tmp_path):

@@ -37,6 +37,14 @@ target's hidden states along the accepted path arrive in commit, as after a chai
 the next proposal (D + 1 positions) rewrites every position since. After plain decoding steps
 (gamma='auto' picks 0) the features still arrive through commit, and `resync` re-feeds the whole
 prefix once with them.
+
+Truncated draft vocabulary (FR-Spec, EAGLE-3): `for_target(..., vocab=V_d)` keeps the lm_head
+columns of the V_d most frequent target ids (the head directory's vocab.json) and `slot_V` maps
+every target id to its column, V_d for a dropped id, whose logit is then -inf: q over the full
+vocabulary is the softmax over the kept ids and 0 elsewhere. Exactness needs nothing else: a
+dropped id is never drafted (inverse-CDF and argmax draws never pick a zero-mass id), acceptance
+tests u q(x) < p(x) at drafted ids only (q(x) > 0 there), and the residual norm(max(0, p - q))
+is simply p on the dropped ids -- the target's mass there comes back through the rejection path.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from specjax.decoding import candidates as candidates_lib
@@ -82,27 +91,67 @@ class FeatureHeadDraft:
   config: head_lib.HeadConfig = struct.field(pytree_node=False)
   candidates: str = struct.field(pytree_node=False, default='wor')
   packed: Any = None                  # head_lib.pack_head's weights when the target runs packed
+  slot_V: Any = None  # truncated vocabulary: target id -> lm_head column (V_d: dropped); None: all
 
   reads_target = True  # protocol: the loop passes the target's cache and features
 
   @classmethod
-  def for_target(cls, target: T5Model, head) -> 'FeatureHeadDraft':
-    """`head`: a head directory (save_head's files) or (params, HeadConfig)."""
-    if isinstance(head, (str, bytes)) or hasattr(head, '__fspath__'):
+  def for_target(cls, target: T5Model, head, vocab=None) -> 'FeatureHeadDraft':
+    """`head`: a head directory (save_head's files) or (params, HeadConfig). `vocab`: None (the
+    full vocabulary), V_d (the V_d most frequent ids of the directory's vocab.json) or the kept
+    ids themselves. A one-line ValueError for a bad file or option, before anything compiles."""
+    directory = isinstance(head, (str, bytes)) or hasattr(head, '__fspath__')
+    if directory:
       params, config = head_lib.load_head(head, dtype=target.dtype)
     else:
       params, config = head
     config.check_target(target.config)
     params = jax.tree.map(lambda p: jnp.asarray(p).astype(target.dtype), params)
+    slot_V = None
+    if vocab is not None:
+      keep_Vd = cls.kept_ids(head if directory else None, vocab, config.vocab_size)
+      if len(keep_Vd) < config.vocab_size:
+        params = head_lib.truncate(params, keep_Vd)
+        slot = np.full((config.vocab_size,), len(keep_Vd), np.int32)
+        slot[keep_Vd] = np.arange(len(keep_Vd), dtype=np.int32)
+        slot_V = jnp.asarray(slot)
     # The head's passes go through the CPU kernels wherever the target's decode steps do.
     weights = 'bfloat16' if target.dtype == jnp.bfloat16 else 'float32'
     packed = head_lib.pack_head(params, weights) if target.packed is not None else None
     return cls(params=params, target_embed_VxDf=target.params['shared'], config=config,
-               packed=packed)
+               slot_V=slot_V, packed=packed)
+
+  @staticmethod
+  def kept_ids(directory, vocab, vocab_size: int) -> np.ndarray:
+    """The kept ids (sorted int32) for `for_target`'s `vocab` option."""
+    if isinstance(vocab, (int, np.integer)) and not isinstance(vocab, bool):
+      if directory is None:
+        raise ValueError(f'feature head: vocab={vocab} needs a head directory (its '
+                         f'{head_lib.VOCAB_NAME}); pass the kept ids for in-memory params')
+      return head_lib.keep_ids(directory, int(vocab), vocab_size)
+    ids = np.asarray(vocab)
+    if ids.ndim != 1 or ids.size == 0 or ids.dtype.kind not in 'iu' or ids.min() < 0 or (
+        ids.max() >= vocab_size) or len(np.unique(ids)) != ids.size:
+      raise ValueError(f'feature head: vocab must be a count or distinct ids in [0, {vocab_size})'
+                       f', got {vocab!r}'[:200])
+    return np.sort(ids).astype(np.int32)
 
   @property
   def vocab_size(self) -> int:
     return self.config.vocab_size
+
+  @property
+  def draft_vocab(self) -> int:
+    """V_d: the ids the head can draft (the target's V unless truncated)."""
+    return self.params['lm_head'].shape[-1]
+
+  def full_vocab(self, logits_xVd):
+    """Logits over the target's V: the kept ids' own, -inf (q = 0) at the dropped ones."""
+    if self.slot_V is None:
+      return logits_xVd
+    dropped = jnp.full(logits_xVd.shape[:-1] + (1,), -jnp.inf, logits_xVd.dtype)
+    return jnp.take(jnp.concatenate([logits_xVd, dropped], axis=-1), self.slot_V, axis=-1,
+                    mode='clip')
 
   def init(self, input_ids_BxS, max_len: int, *, target_cache) -> HeadState:
     del input_ids_BxS
@@ -124,9 +173,11 @@ class FeatureHeadDraft:
                                            features.start_B + 1))
 
   def _block(self, state: HeadState, cache, tokens_BxK, features_BxKxDf, lengths_B):
-    return head_lib.block(self.params, self.config, cache, self.target_embed_VxDf, state.cross_k,
-                          state.cross_v, state.enc_mask, tokens_BxK, features_BxKxDf, lengths_B,
-                          fast=self.packed)
+    """head_lib.block with the logits over the target's V (`full_vocab`)."""
+    feat_BxKxDf, logits_BxKxVd, cache = head_lib.block(
+        self.params, self.config, cache, self.target_embed_VxDf, state.cross_k, state.cross_v,
+        state.enc_mask, tokens_BxK, features_BxKxDf, lengths_B, fast=self.packed)
+    return feat_BxKxDf, self.full_vocab(logits_BxKxVd), cache
 
   def decode(self, state: HeadState, tokens_BxK, lengths_B):
     """One head pass over K tokens per row at offsets lengths_B, reading the stored features

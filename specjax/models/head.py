@@ -29,7 +29,10 @@ Params (weights [in, out]):
   lm_head       [D, V]           logits for y_{j+1}
 
 Files: `save_head` writes head_config.json + head.safetensors (a few MB); the target is loaded
-separately (its embedding and cross K/V are read, never copied).
+separately (its embedding and cross K/V are read, never copied). An optional vocab.json
+(`save_vocab`) ranks the target's token ids by their frequency in the head's training targets;
+`truncate` keeps the lm_head columns of the V_d most frequent ones (a truncated draft vocabulary,
+FR-Spec / EAGLE-3 style, derived without retraining: specjax.decoding.feature_head).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from specjax.models import cpu_kernels, t5
 Params = dict[str, Any]
 CONFIG_NAME = 'head_config.json'
 WEIGHTS_NAME = 'head.safetensors'
+VOCAB_NAME = 'vocab.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -276,3 +280,58 @@ def load_head(directory, dtype=jnp.float32) -> tuple[Params, HeadConfig]:
   if extra:
     raise ValueError(f'feature head: unknown tensor {extra[0]!r} in {weights}')
   return {k: jnp.asarray(flat[k].astype(np.float32)).astype(dtype) for k in want}, config
+
+
+# ----------------------------------------------------------------------------- draft vocabulary
+
+
+def token_order(token_lists, vocab_size: int) -> tuple[np.ndarray, np.ndarray]:
+  """(order [V], counts [V]): every id in [0, V) by descending count in `token_lists` (ties broken
+  by lower id first) and its count. Ids outside [0, V) are ignored."""
+  ids = np.concatenate([np.asarray(t, np.int64).ravel() for t in token_lists] or [np.zeros(0)])
+  ids = ids[(ids >= 0) & (ids < vocab_size)].astype(np.int64)
+  counts = np.bincount(ids, minlength=vocab_size)
+  order = np.lexsort((np.arange(vocab_size), -counts))  # last key first: count, then id
+  return order.astype(np.int32), counts[order].astype(np.int64)
+
+
+def save_vocab(directory, order, counts, counted_on: str) -> Path:
+  """vocab.json beside a head: {"order": ids most frequent first, "counts": theirs, "counted_on":
+  what was counted}; `keep_ids` reads it."""
+  directory = Path(directory)
+  directory.mkdir(parents=True, exist_ok=True)
+  text = json.dumps({'counted_on': counted_on, 'order': [int(i) for i in order],
+                     'counts': [int(c) for c in counts]}, separators=(',', ':'))
+  tmp = directory / f'.{VOCAB_NAME}.tmp{os.getpid()}'
+  tmp.write_text(text + '\n')
+  os.replace(tmp, directory / VOCAB_NAME)
+  return directory / VOCAB_NAME
+
+
+def keep_ids(directory, draft_vocab: int, vocab_size: int) -> np.ndarray:
+  """The `draft_vocab` most frequent ids (int32, sorted ascending) from a head directory's
+  vocab.json; a one-line ValueError naming the file or the option otherwise."""
+  path = Path(directory) / VOCAB_NAME
+  if not isinstance(draft_vocab, (int, np.integer)) or not 1 <= draft_vocab <= vocab_size:
+    raise ValueError(f'feature head: vocab={draft_vocab!r} must be an integer in [1, '
+                     f'{vocab_size}] (the target vocabulary)')
+  if not path.is_file():
+    raise ValueError(f'feature head: vocab={draft_vocab} needs {path} (the token ranking '
+                     f'written by specjax.models.head.save_vocab), not found')
+  try:
+    order = np.asarray(json.loads(path.read_text())['order'])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise ValueError(f'feature head: {path} is not a token ranking ({type(e).__name__}: '
+                     f'{str(e).splitlines()[0] if str(e) else "no order"})') from None
+  if (order.ndim != 1 or order.dtype.kind not in 'iu' or len(order) < draft_vocab
+      or len(np.unique(order)) != len(order) or order.min(initial=0) < 0
+      or order.max(initial=0) >= vocab_size):
+    raise ValueError(f'feature head: {path} field "order" must list distinct ids in '
+                     f'[0, {vocab_size}), at least {draft_vocab} of them')
+  return np.sort(order[:draft_vocab]).astype(np.int32)
+
+
+def truncate(params: Params, keep_ids_Vd) -> Params:
+  """The head's params with lm_head [D, V] cut to the columns of the kept ids, [D, V_d] (the
+  softmax then renormalises over the kept set)."""
+  return dict(params, lm_head=jnp.asarray(params['lm_head'])[:, jnp.asarray(keep_ids_Vd)])

@@ -223,20 +223,30 @@ def check_checkpoint(field: str, path: str):
     raise ConfigError(f'config.{field}: checkpoint directory not found: {path}')
 
 
-def check_head(field: str, path: str):
-  """A feature-head directory: a readable head_config.json and an intact head.safetensors."""
+def check_head(field: str, name: str):
+  """A feature-head directory: a readable head_config.json, an intact head.safetensors and valid
+  options ('DIR:vocab=1000': a count within the vocabulary and a readable vocab.json)."""
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
+  try:
+    path, options = drafts_lib.head_spec(name)
+  except ValueError as e:
+    raise ConfigError(f'config.{field}: {e}') from None
   expanded = os.path.expanduser(path)
   cfg = os.path.join(expanded, head_lib.CONFIG_NAME)
   try:
     with open(cfg, encoding='utf-8') as f:
-      head_lib.HeadConfig(**json.load(f))
+      config = head_lib.HeadConfig(**json.load(f))
   except (OSError, ValueError, TypeError) as e:
     raise ConfigError(f'config.{field}: unreadable {cfg} ({e})') from None
   weights = os.path.join(path, head_lib.WEIGHTS_NAME)
   if not os.path.isfile(os.path.expanduser(weights)):
     raise ConfigError(f'config.{field}: no {head_lib.WEIGHTS_NAME} in feature head {path}')
   _check_safetensors(field, weights)
+  if 'vocab' in options:
+    try:
+      head_lib.keep_ids(expanded, options['vocab'], config.vocab_size)
+    except ValueError as e:
+      raise ConfigError(f'config.{field}: {e}') from None
 
 
 def check_weights(field: str, path: str):
@@ -275,7 +285,7 @@ def _check_safetensors(field: str, path: str):
 def _local_vocab(path: str):
   cfg = os.path.join(os.path.expanduser(path), 'config.json')
   if drafts_lib.is_head_dir(path):
-    cfg = os.path.join(os.path.expanduser(path), 'head_config.json')
+    cfg = os.path.join(os.path.expanduser(drafts_lib.head_path(path)), 'head_config.json')
   if not os.path.isfile(cfg):
     return None
   try:

@@ -1,6 +1,7 @@
 """The runner's draft builders: a draft name -> its builder; a name registered with the decoding
 draft registry (specjax.decoding.drafts.register, built by the class's `from_target`); any other
-name is a feature-head directory (specjax.models.head) or a T5 checkpoint.
+name is a feature-head directory (specjax.models.head), optionally with options after a colon
+('.../head:vocab=1000', `head_spec`), or a T5 checkpoint.
 
 Read by config validation (`check_name`, the known names) and by the sweep (`build`). A draft
 that needs only the target is one class registered in decoding; one that needs the run (its task
@@ -58,13 +59,13 @@ def decoding_drafts() -> dict[str, Any]:
 def is_known(name: str) -> bool:
   """A builder here or a draft registered in decoding (not a path or hub id)."""
   return name in REGISTRY or (not os.path.exists(os.path.expanduser(name))
-                              and name in decoding_drafts())
+                              and not is_head_dir(name) and name in decoding_drafts())
 
 
 def check_name(field: str, name: str):
   """A name that is no registered draft and no existing path but close to a registered name is
   a typo ('unigrm'), not a hub id: ConfigError with the suggestion."""
-  if name in REGISTRY or os.path.exists(os.path.expanduser(name)):
+  if name in REGISTRY or os.path.exists(os.path.expanduser(name)) or is_head_dir(name):
     return
   hint = configuring.did_you_mean(name, REGISTRY)
   if hint:
@@ -75,9 +76,49 @@ def check_name(field: str, name: str):
       raise ConfigError(f'config.{field}: unknown draft {name!r}{hint}')
 
 
-def is_head_dir(path: str) -> bool:
-  """A feature-head directory (head_config.json, specjax.models.head.save_head)."""
+# A feature head's options in its draft name, 'DIR:vocab=1000' (FeatureHeadDraft.for_target).
+HEAD_OPTIONS = {'vocab': 'the V_d most frequent target ids (a truncated draft vocabulary, '
+                         "read from the head's vocab.json)"}
+
+
+def _head_files(path: str) -> bool:
   return os.path.isfile(os.path.join(os.path.expanduser(path), 'head_config.json'))
+
+
+def head_path(name: str) -> str | None:
+  """The feature-head directory a draft name refers to ('DIR' or 'DIR:OPTIONS'), else None."""
+  if _head_files(name):
+    return name
+  path, sep, _ = name.rpartition(':')
+  return path if sep and path and _head_files(path) else None
+
+
+def is_head_dir(name: str) -> bool:
+  """A feature-head directory (head_config.json, specjax.models.head.save_head), with or
+  without options."""
+  return head_path(name) is not None
+
+
+def head_spec(name: str) -> tuple[str, dict[str, int]]:
+  """(directory, options) of a feature-head draft name: 'DIR' -> (DIR, {}), 'DIR:vocab=1000' ->
+  (DIR, {'vocab': 1000}); options are `key=value` pairs separated by commas. A one-line
+  ValueError naming the option for an unknown key or a value that is no positive integer."""
+  path = head_path(name)
+  if path is None:
+    raise ValueError(f'{name!r} is not a feature-head directory')
+  options: dict[str, int] = {}
+  for item in filter(None, name[len(path) + 1:].split(',')):
+    key, _, value = item.partition('=')
+    if key not in HEAD_OPTIONS:
+      hint = configuring.did_you_mean(key, HEAD_OPTIONS) or f' (known: {", ".join(HEAD_OPTIONS)})'
+      raise ValueError(f'unknown feature-head option {key!r} in {name!r}{hint}')
+    try:
+      options[key] = int(value)
+    except ValueError:
+      options[key] = 0
+    if options[key] < 1:
+      raise ValueError(f'feature-head option {key}={value!r} in {name!r}: a positive integer')
+  return path, options
 
 
 def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: str = ''):
@@ -91,7 +132,9 @@ def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: st
   if is_head_dir(name):
     from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
     try:
-      return FeatureHeadDraft.for_target(target, os.path.expanduser(name))
+      path, options = head_spec(name)
+      return FeatureHeadDraft.for_target(target, os.path.expanduser(path),
+                                         vocab=options.get('vocab'))
     except ValueError as e:
       raise ConfigError(f'config.drafts: {e}') from None
   return _checkpoint(ctx, name)

@@ -109,15 +109,19 @@ def describe(model: str) -> str:
   """What a target or draft is, for titles: 'T5 7.0M' for a local checkpoint directory (its
   name too unless it is just 'target'/'draft'), the hub id or the n-gram draft's name otherwise."""
   path = os.path.expanduser(model)
-  head_cfg = os.path.join(path, 'head_config.json')
-  if os.path.isfile(head_cfg):  # a feature head: its own size (it reads the target's embedding)
+  from specjax.runner import drafts  # pylint: disable=import-outside-toplevel
+  if drafts.is_head_dir(path):  # a feature head: its own size (it reads the target's embedding)
     from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
     try:
-      with open(head_cfg, encoding='utf-8') as f:
-        n = head_lib.param_count(head_lib.HeadConfig(**json.load(f)))
+      path, options = drafts.head_spec(path)
+      with open(os.path.join(path, 'head_config.json'), encoding='utf-8') as f:
+        config = head_lib.HeadConfig(**json.load(f))
     except (OSError, ValueError, TypeError):
       return os.path.basename(os.path.normpath(path))
-    return f'feature head {n / 1e6:.1f}M'
+    vd = min(options.get('vocab', config.vocab_size), config.vocab_size)
+    n = head_lib.param_count(config) - config.d_model * (config.vocab_size - vd)
+    kept = f', {vd} of {config.vocab_size} ids' if vd < config.vocab_size else ''
+    return f'feature head {n / 1e6:.1f}M{kept}'
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return model
   from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel

@@ -130,6 +130,10 @@ def draft_settings(spec, draft: str, registry_settings: dict[str, tuple[str, ...
     if 'ngram_data' in fields:
       fields['ngram_data'] = path_identity(spec.ngram_data, hash_contents=True)
     return {'name': draft, **fields}
+  from specjax.runner import drafts  # pylint: disable=import-outside-toplevel
+  if drafts.is_head_dir(draft) and drafts.head_path(draft) != draft:  # a head with options
+    path, options = drafts.head_spec(draft)
+    return {**path_identity(path), 'options': options}
   return path_identity(draft)
 
 

@@ -22,7 +22,8 @@ analogue at T = 0), for pass 1 (true features: the first draft of a block) and p
 
 The train state is {params, opt_state, step} of the head alone; checkpoints, the data position,
 logs and metrics are the shared loop's (specjax.training.trainer.run_loop). Export: save_head's
-head_config.json + head.safetensors in `export_dir`.
+head_config.json + head.safetensors in `export_dir`, and vocab.json (save_vocab: the training
+targets' token ids by frequency, for a truncated draft vocabulary).
 """
 
 from __future__ import annotations
@@ -188,5 +189,8 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   results['train_wall_s'] = time.time() - t_start
   export = Path(spec.export_dir or Path(spec.workdir) / 'export')
   head_lib.save_head(state['params'], hconfig, export, dtype=jnp.dtype(spec.model.export_dtype))
+  # The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d).
+  head_lib.save_vocab(export, *head_lib.token_order(train_data.targets, hconfig.vocab_size),
+                      f'target-side ids of the {len(train_data.targets)} training examples')
   results['head_params'] = head_lib.param_count(hconfig)
   return trainer.finish(spec, export, results, log, t_start)
