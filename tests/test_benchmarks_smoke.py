@@ -205,6 +205,18 @@ def test_gate_allows_a_quiet_machine():
   assert '(quiet)' in machine.describe(rec) and 'LOADED' not in machine.describe(rec)
 
 
+def test_gate_judges_a_later_table_by_other_processes_only():
+  """A table measured mid-run: the 1-min load average holds the run's own earlier work; only
+  other processes' CPU time can mark it loaded (control: the run's start still checks the load)."""
+  from specjax.runner import machine  # pylint: disable=import-outside-toplevel
+  gate = machine.Gate(take=_fake_snapshots(load1=1.8, others=0.05), allow_loaded=True)
+  assert gate.check_start()['loaded']  # the control: a loaded start is loaded
+  assert gate.record()['loaded']
+  assert not gate.record(gate.mark())['loaded']
+  busy = machine.Gate(take=_fake_snapshots(load1=1.8, others=0.5), allow_loaded=True)
+  assert busy.record(busy.mark())['loaded']
+
+
 def test_gate_refuses_a_loaded_start(capsys):
   from specjax.runner import machine  # pylint: disable=import-outside-toplevel
   gate = machine.Gate(take=_fake_snapshots(load1=1.1))

@@ -118,11 +118,14 @@ def others_cores(start: Snapshot, end: Snapshot) -> float | None:
 
 
 def assess(start: Snapshot, end: Snapshot | None = None, limits: Limits = Limits(),
-           allow_loaded: bool = False) -> dict[str, Any]:
-  """The JSON record of a run's load and the gate's verdict (end None: the start check only)."""
+           allow_loaded: bool = False, start_load: bool = True) -> dict[str, Any]:
+  """The JSON record of a run's load and the gate's verdict (end None: the start check only).
+
+  `start_load=False` for a span that begins mid-run: the load average then counts the run's own
+  work, so only the other processes' CPU time speaks for the span."""
   cores = start.cores
   reasons = []
-  if start.loadavg[0] > limits.load_per_core * cores:
+  if start_load and start.loadavg[0] > limits.load_per_core * cores:
     reasons.append(f'1-min load average {start.loadavg[0]:.2f} at the start > '
                    f'{limits.load_per_core * cores:.2f} ({limits.load_per_core:g} x {cores} cores)')
   rec: dict[str, Any] = {
@@ -191,8 +194,11 @@ class Gate:
     return rec
 
   def record(self, since: Snapshot | None = None) -> dict[str, Any]:
-    """The load record from `since` (default: the start) to now."""
-    return assess(since or self.start, self._take(), self.limits, self.allow_loaded)
+    """The load record from `since` (default: the start) to now. A `since` after the start is
+    judged by the other processes' CPU time only (the load average then holds this run's own)."""
+    since = since or self.start
+    return assess(since, self._take(), self.limits, self.allow_loaded,
+                  start_load=since is self.start)
 
   def mark(self) -> Snapshot:
     return self._take()
