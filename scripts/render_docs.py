@@ -105,8 +105,8 @@ def sources(recs) -> str:
 def describe_model(path: str) -> str:
   """'T5 1.6M' for a checkpoint of the repository (records keep repo-relative paths; a draft's
   options after ':' as in 'head:vocab=2582' stay with it)."""
-  from specjax.runner import report  # pylint: disable=import-outside-toplevel
-  local = path and (REPO / path.split(':', 1)[0]).is_dir()
+  from specjax.runner import drafts, report  # pylint: disable=import-outside-toplevel
+  local = path and ((REPO / path).is_dir() or drafts.is_head_dir(str(REPO / path)))
   return report.describe(str(REPO / path)) if local else path
 
 

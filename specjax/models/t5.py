@@ -242,6 +242,7 @@ def dense(x_xI, layer: Params, fast: Params | None, name: str):
 
 
 def kernel_rows(x) -> int:
+  """The token rows a product of x makes (all leading dims): the kernels take up to MAX_ROWS."""
   return math.prod(x.shape[:-1])
 
 
