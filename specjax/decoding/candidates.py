@@ -71,6 +71,13 @@ def draw_children(logits_BxKxV, keys_B, b: int, sampling, scheme: str):
   return tok_BxKxb, sibling_laws(q_BxKxV, tok_BxKxb, scheme)
 
 
+def confidence(logits_BxKxV, tok_BxKxb):
+  """[B, K, b] the draft's temperature-1 probability of each child's token at its parent: what a
+  dynamic tree ranks nodes by at temperature 0 (where the reported q_i are one-hot)."""
+  logp_BxKxV = jax.nn.log_softmax(logits_BxKxV.astype(jnp.float32), axis=-1)
+  return jnp.exp(jnp.take_along_axis(logp_BxKxV, tok_BxKxb, axis=-1))
+
+
 def level_keys(keys_B, d: int):
   """Depth d's own key per row (fold_in): each level of a tree draws with fresh randomness."""
   return jax.vmap(lambda k: jax.random.fold_in(k, d))(keys_B)

@@ -245,13 +245,14 @@ class FeatureHeadDraft:
     logits_BxV, feat_BxDf, cache = self.window(state, seq_BxN, lengths_B, shape.depth)
     logits_BxKxV, feats_KxBxDf = logits_BxV[:, None], feat_BxDf[None]
     caches_K = jax.tree.map(lambda x: x[None], cache)
-    tokens, qs = [take_at(seq_BxN, lengths_B)[:, None]], []
+    tokens, qs, confs = [take_at(seq_BxN, lengths_B)[:, None]], [], []
     nan = jnp.isnan(logits_BxV).any()
     for d, branch in enumerate(shape.branching):
       tok_BxKxb, q_BxKxbxV = candidates_lib.draw_children(
           logits_BxKxV, candidates_lib.level_keys(keys_B, d), branch, sampling, self.candidates)
       tokens.append(tok_BxKxb.reshape(b, shape.level_size[d + 1]))
       qs.append(q_BxKxbxV.reshape(b, shape.level_size[d + 1], -1))
+      confs.append(candidates_lib.confidence(logits_BxKxV, tok_BxKxb).reshape(b, -1))
       if d + 1 < shape.depth:  # the children are internal: feed them for their own children
         logits_BxKxV, feats_KxBxDf, caches_K = self.feed_children(
             state, caches_K, feats_KxBxDf, tokens[-1], branch, lengths_B + 1 + d)
@@ -259,7 +260,8 @@ class FeatureHeadDraft:
     q_BxMxV = jnp.concatenate(qs, axis=1)
     return TreeProposal(tokens_BxM1=jnp.concatenate(tokens, axis=1),
                         q_BxMxV=jnp.where(nan, jnp.nan, q_BxMxV),
-                        passes=jnp.int32(shape.depth), state=state.replace(cache=cache))
+                        passes=jnp.int32(shape.depth), state=state.replace(cache=cache),
+                        conf_BxM=jnp.concatenate(confs, axis=1))
 
   def commit_tree(self, state: HeadState, seq_BxN, lengths_B, *, start_B, path_BxD1,
                   features: TargetFeatures) -> HeadState:

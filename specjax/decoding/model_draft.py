@@ -127,7 +127,7 @@ class TreeModelDraft(T5Draft):
     logits_BxKxV, cache = first_logits(self.model, cache, seq_BxN, lengths_B)
     logits_BxKxV = logits_BxKxV[:, None]
     depth_M1, anc = shape.depth_of(), shape.ancestors()
-    tokens, qs = [take_at(seq_BxN, lengths_B)[:, None]], []
+    tokens, qs, confs = [take_at(seq_BxN, lengths_B)[:, None]], [], []
     nan = jnp.isnan(logits_BxKxV).any()
     for d, branch in enumerate(shape.branching):
       if d:  # feed level d (its ancestors are in the cache already)
@@ -138,10 +138,12 @@ class TreeModelDraft(T5Draft):
           logits_BxKxV, candidates_lib.level_keys(keys_B, d), branch, sampling, self.candidates)
       tokens.append(tok_BxKxb.reshape(b, shape.level_size[d + 1]))
       qs.append(q_BxKxbxV.reshape(b, shape.level_size[d + 1], -1))
+      confs.append(candidates_lib.confidence(logits_BxKxV, tok_BxKxb).reshape(b, -1))
     q_BxMxV = jnp.concatenate(qs, axis=1)
     return TreeProposal(tokens_BxM1=jnp.concatenate(tokens, axis=1),
                         q_BxMxV=jnp.where(nan, jnp.nan, q_BxMxV),
-                        passes=jnp.int32(shape.depth), state=cache)
+                        passes=jnp.int32(shape.depth), state=cache,
+                        conf_BxM=jnp.concatenate(confs, axis=1))
 
   def commit_tree(self, cache, seq_BxN, lengths_B, *, start_B, path_BxD1):
     """The accepted path's internal nodes into chain slots (leaves were never fed)."""

@@ -20,7 +20,7 @@ from specjax.decoding.auto import Auto, parse_gamma
 from specjax.decoding.model_draft import as_draft
 from specjax.decoding.registry import DRAFTS
 from specjax.decoding.sampling import Sampling
-from specjax.decoding.shapes import TreeShape, parse_tree
+from specjax.decoding.shapes import DynamicTree, TreeShape, parse_tree
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,9 @@ class SpecOptions:
   eos_id          the token that ends a row (None: the target's eos_token_id; -1: never)
   stop            how many of the gamma slots each row proposes (specjax.stopping)
   verifier        the verification rule (acceptance.VERIFIERS)
-  tree            verify a token tree of this shape instead of a chain (gamma = its depth)
+  tree            verify a token tree of this shape instead of a chain (gamma = its depth); a
+                  DynamicTree ('dynamic:8,4,2,1') verifies per row the budget's best nodes of
+                  its template
   auto            choose gamma in 0 .. auto.g_max per iteration (gamma='auto'; runs with slots)
   slots           decode the rows as a queue through this many rows of one loop
   trace           record every iteration's drafts (chains without slots)
@@ -45,7 +47,7 @@ class SpecOptions:
   eos_id: int | None = None
   stop: stopping.StopRule = stopping.Fixed()
   verifier: acceptance.Verifier = acceptance.TokenVerifier()
-  tree: TreeShape | None = None
+  tree: TreeShape | DynamicTree | None = None
   auto: Auto | None = None
   slots: int | None = None
   trace: bool = False

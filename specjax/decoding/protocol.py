@@ -90,11 +90,15 @@ class TreeProposal:
                                earlier siblings)
   passes:      [] int32        draft forward passes made
   state:       pytree          the draft's state
+  conf_BxM:    [B, M] f32      (optional) the draft's temperature-1 probability of node j + 1's
+                               token at its parent: the confidence a dynamic tree ranks nodes by
+                               at temperature 0, where q is one-hot (None: not reported)
   """
   tokens_BxM1: jax.Array
   q_BxMxV: jax.Array
   passes: jax.Array
   state: Any
+  conf_BxM: Any = None
 
 
 @struct.dataclass

@@ -10,6 +10,8 @@ hashable (a static argument of jit): one compiled program per shape.
 
 Shape kinds (registry TREE_SHAPES) are subclasses that compute their branching from a few numbers
 and are spelled 'name:args' ('wide:4,3' = (4, 1, 1)); a plain tuple '(3,2,1)' is a TreeShape.
+'dynamic:8,4,2,1' is a DynamicTree: 8 nodes per row chosen per iteration from the template
+(4, 2, 1).
 """
 
 from __future__ import annotations
@@ -109,9 +111,66 @@ class Wide(TreeShape):
     super().__init__((int(k),) + (1,) * (int(depth) - 1))
 
 
-def parse_tree(spec) -> TreeShape:
-  """A TreeShape from a tuple/list of ints, a TreeShape, '(3,2,1)' / '3,2,1' or 'name:args'."""
-  if isinstance(spec, TreeShape):
+SCORES = ('mass', 'path')
+
+
+@register('dynamic')
+@dataclasses.dataclass(frozen=True)
+class DynamicTree:
+  """'dynamic:M,b1,b2,..': per row and iteration, the M nodes of the drafted template tree
+  (b1, b2, ..) that the draft rates most likely to be accepted (specjax.decoding.dynamic_tree).
+
+  The draft expands the whole template; the target verifies only M + 1 nodes (a compiled block of
+  fixed size, its shape chosen per row), so M is the verify budget and the template bounds the
+  shapes it can take. `score` 'mass' is exact; 'path' (EAGLE-2's path probability, which looks at
+  each node's own token) is biased at temperature > 0 and kept for research and as a negative
+  control.
+  """
+  budget: int
+  template: TreeShape
+  score: str = 'mass'
+
+  def __post_init__(self):
+    if not isinstance(self.template, TreeShape):
+      object.__setattr__(self, 'template', TreeShape(tuple(self.template)))
+    if (isinstance(self.budget, bool) or not isinstance(self.budget, (int, np.integer))
+        or not 1 <= self.budget <= self.template.nodes):
+      raise ValueError(f'dynamic tree budget must be an integer in 1 .. {self.template.nodes} '
+                       f'(the template {self.template} has {self.template.nodes} nodes), got '
+                       f'{self.budget!r}')
+    object.__setattr__(self, 'budget', int(self.budget))
+    if self.score not in SCORES:
+      raise ValueError(f'dynamic tree score must be one of {SCORES}, got {self.score!r}')
+
+  @classmethod
+  def from_spec(cls, arg: str) -> DynamicTree:
+    """'M,b1,b2,..' (the budget, then the template's branching)."""
+    nums = [int(x) for x in arg.split(',')]
+    if len(nums) < 2:
+      raise ValueError('expected dynamic:BUDGET,b1,b2,.. (a budget and a template)')
+    return cls(nums[0], TreeShape(tuple(nums[1:])))
+
+  @property
+  def depth(self) -> int:
+    return self.template.depth
+
+  @property
+  def nodes(self) -> int:
+    """M: the nodes the target verifies per call (the budget)."""
+    return self.budget
+
+  @property
+  def branching(self) -> tuple[int, ...]:
+    return self.template.branching
+
+  def __str__(self) -> str:
+    return f'dynamic:{self.budget},' + ','.join(map(str, self.branching))
+
+
+def parse_tree(spec) -> TreeShape | DynamicTree:
+  """A TreeShape from a tuple/list of ints, a TreeShape, '(3,2,1)' / '3,2,1' or 'name:args'
+  ('dynamic:8,4,2,1' a DynamicTree)."""
+  if isinstance(spec, (TreeShape, DynamicTree)):
     return spec
   if isinstance(spec, str) and ':' in spec:
     name, _, arg = spec.strip().partition(':')
@@ -131,7 +190,7 @@ def parse_tree(spec) -> TreeShape:
   return TreeShape(tuple(spec))
 
 
-def parse_trees(spec) -> tuple[TreeShape, ...]:
+def parse_trees(spec) -> tuple[TreeShape | DynamicTree, ...]:
   """Several trees: '((3,2,1), (2,2,2,1))', a list of tuples, or one tree."""
   if isinstance(spec, str) and ':' in spec and not spec.strip().startswith('('):
     return (parse_tree(spec),)
@@ -140,8 +199,8 @@ def parse_trees(spec) -> tuple[TreeShape, ...]:
       spec = ast.literal_eval(spec.strip())
     except (ValueError, SyntaxError):
       raise ValueError(f'trees must look like ((3,2,1), (2,2,2,1)), got {spec!r}') from None
-  if isinstance(spec, TreeShape) or (isinstance(spec, (tuple, list)) and spec
-                                     and all(isinstance(x, int) for x in spec)):
+  if isinstance(spec, (TreeShape, DynamicTree)) or (
+      isinstance(spec, (tuple, list)) and spec and all(isinstance(x, int) for x in spec)):
     return (parse_tree(spec),)
   if not isinstance(spec, (tuple, list)) or not spec:
     raise ValueError(f'trees must be a non-empty list of trees like ((3,2,1),), got {spec!r}')

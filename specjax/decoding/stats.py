@@ -35,6 +35,8 @@ class Verdict:
   tokens_BxW: [B, W] int32 the proposal's tokens along that path (a chain's drafts)
   path_BxW1:  [B, W1]      block index of the accepted node per depth (None for a chain: 0 .. W)
   verified_B: [B] int32    tokens the target verified (n for a chain, M nodes for a tree)
+  node_path_BxW1: [B, W1]  the accepted path in the draft's node numbering where it differs from
+                           the block's (a dynamic tree's template), else None
   """
   n_B: jax.Array
   m_B: jax.Array
@@ -43,6 +45,7 @@ class Verdict:
   tokens_BxW: jax.Array
   path_BxW1: Any
   verified_B: jax.Array
+  node_path_BxW1: Any = None
 
 
 @struct.dataclass

@@ -4,7 +4,9 @@ Shape legend: B batch, S source, N decoder-sequence buffer, D tree depth, D1 = D
 below the root, M1 = M + 1 (with the root), V vocab, Df the target's d_model.
 
 A tree is a static shape (specjax.decoding.shapes: `tree=(3, 2, 1)` gives the root 3 children,
-each of them 2, each of those 1; the depth D plays the role of gamma). One iteration per row is
+each of them 2, each of those 1; the depth D plays the role of gamma), or a dynamic tree
+(`tree='dynamic:8,4,2,1'`: per row the 8 nodes of the drafted template (4, 2, 1) the draft rates
+most likely to be accepted; specjax.decoding.dynamic_tree). One iteration per row is
 engine.block_step with the form `Tree(shape)`:
   1. draft: the draft's tree form (`propose_tree`) gives every internal node its children and the
      law each was drawn from (specjax.decoding.candidates: without replacement by default);
@@ -35,14 +37,15 @@ from specjax.decoding.candidates import (CANDIDATES, draw_children, draw_tokens,
 from specjax.decoding.model_draft import TreeModelDraft, as_draft
 from specjax.decoding.options import SpecOptions, check_call
 from specjax.decoding.protocol import TargetFeatures, TreeProposal
-from specjax.decoding.shapes import TreeShape, parse_tree, parse_trees
+from specjax.decoding.dynamic_tree import DynamicForm
+from specjax.decoding.shapes import DynamicTree, TreeShape, parse_tree, parse_trees
 from specjax.decoding.stats import DecodeOutput, TreeStats, Verdict
 from specjax.models import t5 as t5_lib
 
 verify_tree = acceptance.verify_tree
 verify_tree_greedy_batch = acceptance.verify_tree_greedy_batch
 
-__all__ = ['TreeShape', 'parse_tree', 'parse_trees', 'TreeModelDraft', 'TreeProposal',
+__all__ = ['TreeShape', 'DynamicTree', 'form_for', 'parse_tree', 'parse_trees', 'TreeModelDraft', 'TreeProposal',
            'TreeStats', 'TreeState', 'Tree', 'verify_tree', 'verify_tree_greedy_batch',
            'tree_init', 'tree_step', 'tree_program', 'tree_decode', 'CANDIDATES']
 
@@ -107,23 +110,28 @@ class Tree:
     return t5_lib.gather_path(cache, start_B, verdict.path_BxW1)
 
 
+def form_for(shape):
+  """The block_step form of a tree spec: Tree for a static shape, DynamicForm for a DynamicTree."""
+  return DynamicForm(shape) if isinstance(shape, DynamicTree) else Tree(shape)
+
+
 @struct.dataclass
 class TreeState(engine.LoopState):
   """Loop state of tree decoding: engine.LoopState's fields, stats a TreeStats; the caches hold
   max_new + M1 slots, seq 1 + max_new + D + 1 tokens."""
 
 
-def tree_init(target, draft, input_ids_BxS, rng, *, shape: TreeShape,
+def tree_init(target, draft, input_ids_BxS, rng, *, shape: TreeShape | DynamicTree,
               max_new_tokens: int) -> TreeState:
-  return engine.init_state(target, as_tree_draft(draft), input_ids_BxS, rng, form=Tree(shape),
+  return engine.init_state(target, as_tree_draft(draft), input_ids_BxS, rng, form=form_for(shape),
                            max_new_tokens=max_new_tokens, stats_cls=TreeStats, cls=TreeState)
 
 
-def tree_step(target, draft, state: TreeState, *, shape: TreeShape, max_new_tokens: int,
-              sampling, eos_id: int, verifier='token') -> TreeState:
+def tree_step(target, draft, state: TreeState, *, shape: TreeShape | DynamicTree,
+              max_new_tokens: int, sampling, eos_id: int, verifier='token') -> TreeState:
   """One iteration for every unfinished row: expand, score the tree in one call, verify, commit.
   `verifier`: a name or an acceptance.Verifier with a tree form."""
-  new, _ = engine.block_step(target, as_tree_draft(draft), Tree(shape), state, state.keys(),
+  new, _ = engine.block_step(target, as_tree_draft(draft), form_for(shape), state, state.keys(),
                              sampling=sampling, verifier=acceptance.verifier_for(verifier),
                              stop=stopping.Fixed(), eos_id=eos_id, max_new_tokens=max_new_tokens)
   return new

@@ -410,19 +410,28 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
 def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1, anc_M1xM1,
                    offset: int, k: int):
   """Self-attention bias [B, H, K, T] of the tree nodes offset .. offset+K-1 as queries against
-  all T cache slots: relative positions from depth, the tree mask inside the tree's slots."""
-  depth_M1 = jnp.asarray(depth_M1, jnp.int32)
-  m1 = depth_M1.shape[0]
+  all T cache slots: relative positions from depth, the tree mask inside the tree's slots.
+  depth [M1] / anc [M1, M1] describe one tree for every row; depth [B, M1] / anc [B, M1, M1] a
+  tree per row (a dynamic tree's chosen nodes)."""
+  b = lengths_B.shape[0]
+  depth_BxM1 = jnp.asarray(depth_M1, jnp.int32)
+  anc_BxM1xM1 = jnp.asarray(anc_M1xM1, bool)
+  if depth_BxM1.ndim == 1:
+    depth_BxM1, anc_BxM1xM1 = depth_BxM1[None], anc_BxM1xM1[None]
+  m1 = depth_BxM1.shape[-1]
+  depth_BxM1 = jnp.broadcast_to(depth_BxM1, (b, m1))
+  anc_BxM1xM1 = jnp.broadcast_to(anc_BxM1xM1, (b, m1, m1))
   slot_T = jnp.arange(t, dtype=jnp.int32)
   node_BxT = slot_T[None, :] - lengths_B[:, None]  # tree node held by each slot (if in range)
   in_tree_BxT = (node_BxT >= 0) & (node_BxT < m1)
   node_BxT = jnp.clip(node_BxT, 0, m1 - 1)
-  k_pos_BxT = jnp.where(in_tree_BxT, lengths_B[:, None] + depth_M1[node_BxT], slot_T[None, :])
-  q_pos_BxK = lengths_B[:, None] + depth_M1[offset:offset + k][None, :]
+  k_pos_BxT = jnp.where(in_tree_BxT, lengths_B[:, None]
+                        + jnp.take_along_axis(depth_BxM1, node_BxT, axis=1), slot_T[None, :])
+  q_pos_BxK = lengths_B[:, None] + depth_BxM1[:, offset:offset + k]
   bias = position_bias(params['decoder']['rel_bias'], q_pos_BxK, k_pos_BxT, bidirectional=False,
                        config=config)
-  anc_KxM1 = jnp.asarray(anc_M1xM1, bool)[offset:offset + k]
-  sees_BxKxT = jnp.take(anc_KxM1, node_BxT, axis=1).transpose(1, 0, 2)
+  anc_BxKxM1 = anc_BxM1xM1[:, offset:offset + k]
+  sees_BxKxT = jnp.take_along_axis(anc_BxKxM1, node_BxT[:, None, :], axis=2)
   sees_BxKxT = jnp.where(in_tree_BxT[:, None, :], sees_BxKxT,
                          (slot_T[None, :] < lengths_B[:, None])[:, None, :])
   return bias + jnp.where(sees_BxKxT[:, None], 0.0, NEG_INF)
@@ -433,7 +442,8 @@ def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_Bx
   """Feeds tree nodes offset .. offset+K-1 (tokens_BxK) of the tree rooted at slot lengths_B.
 
   depth_M1 [M1] int: each node's depth (root 0); anc_M1xM1 [M1, M1] bool: anc[j, i] iff node i is
-  node j or one of its ancestors (both static numpy arrays). The nodes' keys/values go to slots
+  node j or one of its ancestors (static numpy arrays; or [B, M1] / [B, M1, M1] arrays, one tree
+  per row: a dynamic tree's chosen nodes). The nodes' keys/values go to slots
   lengths_B + offset ..; ancestors of the fed nodes must already be in the cache (fed earlier, or
   in this block). Cross-attention is unchanged. Returns float32 logits [B, K, V] (node j's row
   predicts its children), the nodes' final hidden states [B, K, D] (what a feature head reads; the
