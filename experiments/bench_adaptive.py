@@ -63,9 +63,9 @@ below the best fixed gamma. At T = 0 the yardstick is exact (beta_i is the 0/1 v
 argmax verification, E[tokens](k) what the iteration yields). At T > 0 it is Eq. 1's model per
 position (the product of the betas along the logged rollout), so there the bound holds under the
 model the paper's optimal gamma uses too. Choices that favour the oracle further: its block is
-exactly k + 1 tokens (a rule's program verifies the narrowest compiled width >= k + 1, the same
-below 4 drafts, up to a few tokens wider above); at B > 1 each row is charged its own k (the batch
-waits for its longest row). Limits: the iterations' starts are the fixed-G run's, not the rule's
+exactly k + 1 tokens (a rule's program verifies the narrowest compiled width >= k + 1: the same
+up to 2 drafts, up to 3 tokens wider above at G_MAX 8); at B > 1 each row is charged its own k
+(the batch waits for its longest row). Limits: the iterations' starts are the fixed-G run's, not the rule's
 own; it bounds token verification (block verification accepts more than the betas say, so a `blk`
 rule can pass it: no share is given to those). With the feature head the oracle runs at T = 0
 only: there beta_i is the target's argmax against the logged draft alone, while at T > 0 it needs
