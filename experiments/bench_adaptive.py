@@ -1,7 +1,7 @@
 """Adaptive draft length and block verification against fixed gamma, side by side in one process.
 
   python experiments/bench_adaptive.py [--pairs=tiny,t5-small] [--batches=1,8] [--temps=0,1]
-                                       [--out=FILE.json] [--allow-loaded]
+                                       [--draft=model|head] [--out=FILE.json] [--allow-loaded]
   python experiments/bench_adaptive.py --smoke          # seconds, random smoke pair (tests)
 
 For each pair, batch size B and temperature T, every variant decodes the same test verses (in
@@ -10,9 +10,22 @@ batches of B, right-padded to one source length, so each variant is one compiled
   fixed g      gamma = g in --gammas (the paper), token verification
   fixed g blk  gamma = g in --block_gammas, block verification (T > 0 only: at T = 0 block
                verification is token verification)
-  RULE         each --rules stop rule at gamma = --g_max, token and (T > 0) block verification
-  argmax g     (T > 0) the draft proposes its argmax with q one-hot (ModelDraft(argmax=True))
+  RULE         each --rules stop rule at gamma = --g_max, token and (T > 0) block verification;
+               'alpha' gets the measured c, 'budget' c and the measured block cost curve
+  argmax g     (T > 0, model draft) the draft proposes its argmax with q one-hot
+               (ModelDraft(argmax=True))
   AR           autoregressive decoding (the speedup's reference)
+
+The draft is the pair's small T5 model (--draft=model) or, --draft=head, the shipped feature head
+that reads the target's hidden states (tiny pair: specjax/assets/tiny_pair/head with its
+2582-id draft vocabulary, as configs/tiny.py; smoke: a random head).
+
+A stop rule's loop verifies only the block its rows need: the narrowest compiled width (one of
+stopping.block_widths(--g_max): 1, 2, 3, 5, 9 at G_MAX 8) >= the longest row's proposal + 1
+(specjax.decoding.engine). Its `predicted` charges the block of each proposal length (the
+proposed-length histogram's mean of block cost(width - 1); exact at B = 1, a lower bound above,
+where the batch waits for its longest row). `compile s` is the first call's extra time: a rule's
+program compiles one target pass per width.
 
 All variants of one (pair, B, T) are timed interleaved (specjax.runner.metrics.time_interleaved:
 warm-up/compile apart, block_until_ready, median of --repeats). Reported per variant: tokens/s,
@@ -49,11 +62,14 @@ choices, judged by the same yardstick; a fixed gamma <= G is one of them, so the
 below the best fixed gamma. At T = 0 the yardstick is exact (beta_i is the 0/1 verdict of the
 argmax verification, E[tokens](k) what the iteration yields). At T > 0 it is Eq. 1's model per
 position (the product of the betas along the logged rollout), so there the bound holds under the
-model the paper's optimal gamma uses too. Choices that favour the oracle further: the block
-shrinks to k + 1 tokens (the rules' programs verify the whole G_MAX block); at B > 1 each row is
-charged its own k (the batch waits for its longest row). Limits: the iterations' starts are the
-fixed-G run's, not the rule's own; it bounds token verification (block verification accepts more
-than the betas say, so a `blk` rule can pass it: no share is given to those).
+model the paper's optimal gamma uses too. Choices that favour the oracle further: its block is
+exactly k + 1 tokens (a rule's program verifies the narrowest compiled width >= k + 1: the same
+up to 2 drafts, up to 3 tokens wider above at G_MAX 8); at B > 1 each row is charged its own k
+(the batch waits for its longest row). Limits: the iterations' starts are the fixed-G run's, not the rule's
+own; it bounds token verification (block verification accepts more than the betas say, so a `blk`
+rule can pass it: no share is given to those). With the feature head the oracle runs at T = 0
+only: there beta_i is the target's argmax against the logged draft alone, while at T > 0 it needs
+the head's q along its own rollout (its predicted features), which is not logged.
 
 The last line printed starts `summary:`: issue 33's Done-when ratios with their goals, the best
 exact rule over the best fixed gamma in tok/s and the best token rule's oracle share, each the
@@ -78,7 +94,7 @@ COLUMNS = [
     ('passes_per_call', 'passes / call', '.2f'), ('passes_per_token', 'passes / tok', '.3f'),
     ('proposed_per_call', 'proposed / call', '.2f'), ('alpha', 'alpha', '.3f'),
     ('predicted', 'predicted', '.2f'), ('oracle_share', 'oracle share', '.2f'),
-    ('ms', 'median ms', '.1f'),
+    ('ms', 'median ms', '.1f'), ('compile_s', 'compile s', '.2f'),
 ]
 BLOCK_COLUMNS = [
     ('variant', 'variant', ''), ('gamma', 'G', 'd'), ('token', 'token tok/call', '.4f'), ('block', 'block tok/call', '.4f'),
@@ -94,8 +110,12 @@ def parse_args(argv=None):
   p.add_argument('--gammas', default='1,2,3,4,5,6,7,8', help='fixed gammas (token verification)')
   p.add_argument('--block_gammas', default='4,6,8', help='fixed gammas with block verification')
   p.add_argument('--g_max', type=int, default=8, help='block width of the stop rules')
-  p.add_argument('--rules', default='confidence:0.4,confidence:0.6,entropy:2.5,entropy:1.5,alpha',
-                 help="stop rules (specjax.stopping.parse spelling); 'alpha' gets the measured c")
+  p.add_argument('--rules',
+                 default='confidence:0.4,confidence:0.6,entropy:2.5,entropy:1.5,alpha,budget',
+                 help="stop rules (specjax.stopping.parse spelling); 'alpha' gets the measured c, "
+                      "'budget' c and the block cost curve")
+  p.add_argument('--draft', default='model', choices=('model', 'head'),
+                 help="the pair's small T5 draft, or the feature head on the target's features")
   p.add_argument('--argmax_gammas', default='3', help='(T > 0) argmax-draft gammas')
   p.add_argument('--n', type=int, default=16, help='prompts (test verses)')
   p.add_argument('--max_new_tokens', type=int, default=48)
@@ -107,7 +127,7 @@ def parse_args(argv=None):
                           smoke_help='random smoke pair, 4 prompts, 1 repeat')
   if a.smoke:
     a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 2
-    a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,4', '4', 4, 'alpha', '2'
+    a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,4', '4', 4, 'alpha,budget', '2'
   return a
 
 
@@ -115,21 +135,38 @@ def ints(text):
   return [int(x) for x in str(text).split(',') if x.strip()]
 
 
-def variants_for(temperature, args, c):
-  """[(name, gamma, verifier, stop rule or None, argmax draft)] for one temperature."""
+def variants_for(temperature, args, c, block_cost):
+  """[(name, gamma, verifier, stop rule or None, argmax draft)] for one temperature.
+  block_cost: {gamma: measured block cost}, at least 1 .. --g_max ('budget' reads the curve)."""
   from specjax import stopping  # pylint: disable=import-outside-toplevel
   sampled = temperature > 0
+  curve = (1.0,) + tuple(float(block_cost[g]) for g in range(1, args.g_max + 1))
   out = [(f'fixed {g}', g, 'token', None, False) for g in ints(args.gammas)]
   if sampled:
     out += [(f'fixed {g} blk', g, 'block', None, False) for g in ints(args.block_gammas)]
   for text in [t for t in args.rules.split(',') if t.strip()]:
-    rule = stopping.parse(text, c=c)
+    rule = stopping.parse(text, c=c, block_costs=curve)
     out.append((text, args.g_max, 'token', rule, False))
     if sampled:
       out.append((f'{text} blk', args.g_max, 'block', rule, False))
-  if sampled:
+  if sampled and args.draft == 'model':
     out += [(f'argmax {g}', g, 'token', None, True) for g in ints(args.argmax_gammas)]
   return out
+
+
+def verified_block_cost(proposed_hist, gamma, stop, block_cost) -> float:
+  """The mean block cost a variant pays per iteration: block cost(gamma) for a fixed gamma; for a
+  rule the narrowest compiled width > n for each proposal length n (proposed_hist [G1], summed
+  over rows: exact at B = 1, a lower bound above)."""
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  from specjax import stopping  # pylint: disable=import-outside-toplevel
+  if not stopping.may_shorten(stop):
+    return block_cost.get(gamma, 1.0)
+  widths = stopping.block_widths(gamma)
+  cost = [1.0] + [block_cost.get(w - 1, 1.0) for w in range(2, gamma + 2)]
+  per_n = [cost[min(w for w in widths if w > n) - 1] for n in range(gamma + 1)]
+  hist = np.asarray(proposed_hist, np.float64)
+  return float(hist @ np.asarray(per_n) / max(hist.sum(), 1.0))
 
 
 def _summ(stats_list):
@@ -142,9 +179,11 @@ def _summ(stats_list):
   passes = sum(int(s.draft_passes) for s in stats_list)
   a_sum = sum(float(np.sum(s.alpha_sum)) for s in stats_list)
   a_cnt = sum(int(np.sum(s.alpha_count)) for s in stats_list)
+  hist = sum(np.asarray(s.proposed_hist).sum(0) for s in stats_list)
   return dict(emitted=emitted, calls=calls, tokens_per_call=emitted.sum() / max(calls.sum(), 1),
               proposed_per_call=proposed / max(calls.sum(), 1),
-              passes_per_call=passes / max(iters, 1), alpha=a_sum / max(a_cnt, 1))
+              passes_per_call=passes / max(iters, 1), alpha=a_sum / max(a_cnt, 1),
+              proposed_hist=hist)
 
 
 def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new_tokens, repeats,
@@ -157,12 +196,13 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
   from specjax.decoding.drafts import ModelDraft  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.model_draft import as_draft  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
 
   n = prompts_NxS.shape[0] - prompts_NxS.shape[0] % batch
   chunks = [prompts_NxS[i:i + batch] for i in range(0, n, batch)]
   kw = dict(max_new_tokens=max_new_tokens, temperature=temperature)
-  drafts = {False: ModelDraft(draft)}
+  drafts = {False: as_draft(draft)}
   if any(v[4] for v in variants):
     drafts[True] = ModelDraft(draft, argmax=True)
   last = {}
@@ -186,9 +226,11 @@ def compare(target, draft, prompts_NxS, *, batch, temperature, variants, max_new
       row.update(tokens_per_call=st['tokens_per_call'], passes_per_call=st['passes_per_call'],
                  passes_per_token=st['passes_per_call'] / max(st['tokens_per_call'], 1e-9),
                  proposed_per_call=st['proposed_per_call'], alpha=st['alpha'],
-                 predicted=metrics.predicted_speedup(st['tokens_per_call'], st['passes_per_call'],
-                                                     c, block_cost.get(g, 1.0)),
+                 block_cost=verified_block_cost(st['proposed_hist'], g, s, block_cost),
+                 proposed_hist=st['proposed_hist'].tolist(),
                  exact=bool(getattr(s, 'exact', True)))
+      row['predicted'] = metrics.predicted_speedup(st['tokens_per_call'], st['passes_per_call'],
+                                                   c, row['block_cost'])
     rows.append(row)
   ar_s = timings['AR'].median_s
   fixed = [r for r in rows if r['variant'].startswith('fixed') and r['verifier'] == 'token']
@@ -236,9 +278,12 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
 
   target, draft, desc, padded, ids = bc.load_bench_pair(name, args.n, smoke=(name == 'smoke'))
+  if args.draft == 'head':
+    draft, head_desc = head_draft(name, target)
+    desc = f'{desc}; draft: {head_desc}'
   log(f'\n== {name}: {desc}')
   cache_len = args.max_new_tokens + args.g_max + 1
-  record = {'pair': name, 'description': desc, 'settings': []}
+  record = {'pair': name, 'description': desc, 'draft': args.draft, 'settings': []}
   for batch in ints(args.batches):
     probe = padded[:batch]
     c = metrics.measure_c(target, draft, probe, cache_len)
@@ -252,15 +297,18 @@ def run_pair(name, args, gate=None, log=print) -> dict:
       start = gate.mark() if gate is not None else None
       rows, block_rows = compare(
           target, draft, np.asarray(padded), batch=batch, temperature=temperature,
-          variants=variants_for(temperature, args, c), max_new_tokens=args.max_new_tokens,
+          variants=variants_for(temperature, args, c, block_cost),
+          max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
-      beta_IxG, accepted_I = length_oracle.logged_betas(
-          target, draft, np.asarray(padded), batch=batch, temperature=temperature,
-          gamma=oracle_g, max_new_tokens=args.max_new_tokens)
-      oracle = length_oracle.add_oracle(
-          rows, [r for r in rows if _is_fixed(r)],
-          [r for r in rows if _is_rule(r) and r['verifier'] == 'token'], beta_IxG, accepted_I,
-          length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
+      oracle = {}
+      if args.draft == 'model' or temperature == 0:  # the head's q at T > 0 is not logged
+        beta_IxG, accepted_I = length_oracle.logged_betas(
+            target, draft, np.asarray(padded), batch=batch, temperature=temperature,
+            gamma=oracle_g, max_new_tokens=args.max_new_tokens)
+        oracle = length_oracle.add_oracle(
+            rows, [r for r in rows if _is_fixed(r)],
+            [r for r in rows if _is_rule(r) and r['verifier'] == 'token'], beta_IxG, accepted_I,
+            length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
                      block_vs_token=block_rows, **summarise(rows, block_rows), **oracle)
@@ -272,17 +320,39 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         log(bc.markdown_table(block_rows, BLOCK_COLUMNS))
       log(f"best exact rule {setting['best_rule']} vs best fixed {setting['best_fixed']}: "
           f"{setting['rule_vs_fixed']:.3f}x tokens/s")
-      log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over {oracle['oracle_iterations']} "
-          f"logged iterations, alpha {oracle['logged_alpha']:.3f}): "
-          f"{oracle['oracle_vs_fixed']:.3f}x the best fixed gamma, "
-          f"{oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
-          f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its gain "
-          f"in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
+      if oracle:
+        log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over "
+            f"{oracle['oracle_iterations']} logged iterations, alpha "
+            f"{oracle['logged_alpha']:.3f}): {oracle['oracle_vs_fixed']:.3f}x the best fixed "
+            f"gamma, {oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
+            f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its "
+            f"gain in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
+      else:
+        log('oracle: none (the feature head at T > 0: its q along its rollout is not logged)')
       if gate is not None:
         setting['load'], line = bc.table_load(gate, start)
         log(line)
       record['settings'].append(setting)
   return record
+
+
+def head_draft(pair: str, target):
+  """(the feature head draft for `pair`'s target, its description): the shipped tiny pair's head
+  with its 2582-id draft vocabulary (configs/tiny.py), or a random head for the smoke pair."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from specjax import data  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
+  from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
+  if pair == 'smoke':
+    hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
+    params = head_lib.init_head_params(hc, jax.random.PRNGKey(0))
+    return FeatureHeadDraft.for_target(target, (params, hc)), 'random feature head (d_model 16)'
+  head_dir = os.path.join(str(data.TINY_PAIR_DIR), 'head')
+  if pair != 'tiny' or bc.tiny_pair_dirs() is None or not os.path.isdir(head_dir):
+    raise SystemExit(f'--draft=head: no feature head for the {pair} pair (the shipped tiny pair '
+                     'has one)')
+  return (FeatureHeadDraft.for_target(target, head_dir, vocab=2582),
+          'the shipped feature head (2582 of 4000 ids)')
 
 
 def summarise(rows, block_rows) -> dict:

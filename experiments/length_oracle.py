@@ -6,7 +6,9 @@ S source, W decoder width, V vocab.
   logged_betas     an untimed, traced fixed-G run, then one teacher-forced pass of each model
                    over [start, committed prefix, the iteration's G drafts]: beta_i =
                    sum_x min(p_i, q_i) per drafted position (q and p processed as the loop does;
-                   the 0/1 match of the argmaxes at T = 0). The compiled loop is not touched.
+                   the 0/1 match of the argmaxes at T = 0). The compiled loop is not touched. A
+                   draft that is no T5 model (the feature head) at T = 0 only: beta_i is then
+                   the target's argmax against the logged draft itself.
   iteration_costs  cost of proposing k = 0..G drafts: the cheapest measured block of >= k + 1
                    tokens + k c, in 1-token target steps.
   add_oracle       theory.oracle_lengths on those, as a row of bench_adaptive's table, and each
@@ -25,12 +27,19 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
   """beta_i of every iteration of a fixed-gamma run (untimed, traced), from one teacher-forced pass
   of each model over [start, committed prefix, the iteration's gamma drafts]: (beta [I, gamma],
   accepted [I]) over all rows' iterations (I of them). The run decodes the prompts in chunks of
-  `batch`, seeded as the timed runs. beta is the 0/1 match of the argmaxes at temperature 0."""
+  `batch`, seeded as the timed runs. beta is the 0/1 match of the argmaxes at temperature 0.
+  `draft` a T5 model, or (temperature 0 only) any draft: its q is then the one-hot of its logged
+  token, which is what a greedy draft's q is."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
-  from specjax.decoding.drafts import ModelDraft  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.model_draft import as_draft  # pylint: disable=import-outside-toplevel
   from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
+  from specjax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
+
+  model_q = isinstance(draft, T5Model)
+  if not model_q and temperature > 0:
+    raise ValueError('logged_betas: at T > 0 the draft must be a T5 model (its q is recomputed)')
 
   n = prompts_NxS.shape[0] - prompts_NxS.shape[0] % batch
   start_id = target.config.decoder_start_token_id
@@ -38,7 +47,7 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
   src, dec, pos, accepted = [], [], [], []
   for i in range(0, n, batch):
     out = jax.device_get(loop.speculative_decode(
-        target, ModelDraft(draft), prompts_NxS[i:i + batch], gamma=gamma, rng=i // batch,
+        target, as_draft(draft), prompts_NxS[i:i + batch], gamma=gamma, rng=i // batch,
         max_new_tokens=max_new_tokens, temperature=temperature, trace=True))
     for b in range(out.tokens.shape[0]):
       t = 0
@@ -57,7 +66,7 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
   dec_RxW = np.stack(dec + [dec[0]] * pad)
   pos_R = np.asarray(pos + [pos[0]] * pad, np.int32)
   sampling = Sampling(temperature=float(temperature))
-  beta = [_betas_program()(target, draft, src_RxS[j:j + rows_per_pass],
+  beta = [_betas_program()(target, draft if model_q else None, src_RxS[j:j + rows_per_pass],
                            dec_RxW[j:j + rows_per_pass], pos_R[j:j + rows_per_pass], gamma=gamma,
                            sampling=sampling)
           for j in range(0, len(pos_R), rows_per_pass)]
@@ -68,7 +77,7 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
 def _betas_program():
   """jit(target, draft, src [R, S], dec [R, W], pos [R]) -> beta [R, gamma] (gamma and sampling
   static): draft i (1-based) of a row whose prefix holds t tokens is predicted at decoder index
-  t + i - 1."""
+  t + i - 1 and sits at t + i. draft None: q is the one-hot of the logged draft (greedy)."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.decoding import sampling as sampling_lib  # pylint: disable=import-outside-toplevel
@@ -83,6 +92,9 @@ def _betas_program():
       logits_RxWxV = t5.teacher_forced_logits(model.params, model.config, src_RxS, dec_RxW)
       return sampling_lib.probs(jnp.take_along_axis(logits_RxWxV, idx_RxG[..., None], axis=1),
                                 sampling)
+    if draft is None:
+      x_RxG = jnp.take_along_axis(dec_RxW, idx_RxG + 1, axis=1)
+      return theory.beta(probs(target), jax.nn.one_hot(x_RxG, target.config.vocab_size))
     return theory.beta(probs(target), probs(draft))
   return run
 
@@ -90,9 +102,9 @@ def _betas_program():
 def iteration_costs(block_cost, c, gamma):
   """[gamma + 1]: an iteration proposing k drafts costs min_{j >= k} block_cost(j) + k c target
   steps (block_cost(j): the (j+1)-token target step over the 1-token one; block_cost(0) = 1).
-  k drafts can be verified in any block of at least k + 1 tokens (the rules' programs use the
-  G_MAX one), so the cheapest such block is charged: a measured curve that is not monotone (noise,
-  a kernel's tile) never charges the oracle more than a rule at width G_MAX pays."""
+  k drafts can be verified in any block of at least k + 1 tokens (a rule's program uses the
+  narrowest compiled width >= k + 1), so the cheapest such block is charged: a measured curve
+  that is not monotone (noise, a kernel's tile) never charges the oracle more than a rule pays."""
   widths = [1.0] + [block_cost[j] for j in range(1, gamma + 1)]
   return [min(widths[k:]) + k * c for k in range(gamma + 1)]
 

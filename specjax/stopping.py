@@ -1,7 +1,7 @@
 """`specjax.stopping` is specjax.decoding.stopping: stop rules for adaptive drafting,
 `specjax.speculative_decode(..., gamma=G_MAX, stop=RULE)`.
 
-Exact rules (the output law is the target's): Fixed, Confidence, Entropy, AlphaTracked.
+Exact rules (the output law is the target's): Fixed, Confidence, Entropy, AlphaTracked, Budget.
 UnsafeDropLowConfidence is biased on purpose (see its docstring). A new rule is one class with
 `@specjax.stopping.register('name')`. `from specjax.stopping import Confidence` and
 `from specjax import stopping` give the same module.

@@ -184,6 +184,22 @@ def test_greedy_identical_to_autoregressive_and_batch_invariant():
     np.testing.assert_array_equal(alone.tokens[0], base.tokens[b])
 
 
+def test_greedy_identical_through_narrow_blocks():
+  """Under a rule that caps whole batches at iteration % 4 drafts the target verifies blocks of
+  1, 2, 3 or 5 of the 6 slots, and hands the head their (padded) hidden states."""
+  from test_stopping import ShortBlocks  # pylint: disable=import-outside-toplevel
+  target, draft = _greedy_pair()
+  ids = np.random.RandomState(5).randint(2, 48, (3, 8)).astype(np.int32)
+  ids[2, 4:] = 0
+  base = loop.autoregressive_decode(target, ids, max_new_tokens=16, eos_id=-1)
+  for rule in (ShortBlocks(period=4), ShortBlocks(stopping.Confidence(0.3), 4)):
+    out = loop.speculative_decode(target, draft, ids, gamma=5, max_new_tokens=16, eos_id=-1,
+                                  stop=rule)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    hist = np.asarray(out.stats.proposed_hist).sum(0)
+    assert hist[5] == 0 and hist[1:4].min() > 0, hist
+
+
 def test_stats_count_the_head_passes():
   """One window pass + (n - 1) one-token passes per proposal: gamma per iteration here."""
   target, draft = _greedy_pair()
@@ -196,8 +212,11 @@ def test_stats_count_the_head_passes():
 # ----------------------------------------------------------------------------- plumbing
 
 
-def test_head_holds_the_target_teacher_forced_features():
-  """prev[j] = f_{j-1} for every j <= L after each iteration, f from teacher forcing."""
+@pytest.mark.parametrize('narrow', [False, True], ids=['full', 'narrow'])
+def test_head_holds_the_target_teacher_forced_features(narrow):
+  """prev[j] = f_{j-1} for every j <= L after each iteration, f from teacher forcing (narrow:
+  through blocks narrower than gamma + 1, whose padded hidden rows the head must not keep)."""
+  from test_stopping import ShortBlocks  # pylint: disable=import-outside-toplevel
   target, draft = _greedy_pair()
   ids = np.random.RandomState(2).randint(2, 48, (3, 8)).astype(np.int32)
   ids[2, 5:] = 0
@@ -206,7 +225,8 @@ def test_head_holds_the_target_teacher_forced_features():
   state = loop.speculative_init(target, draft, jnp.asarray(ids), jax.random.PRNGKey(6),
                                 gamma=gamma, max_new_tokens=max_new)
   step = jax.jit(functools.partial(loop.speculative_step, gamma=gamma, max_new_tokens=max_new,
-                                   sampling=sampling, eos_id=-1))
+                                   sampling=sampling, eos_id=-1,
+                                   stop=ShortBlocks(period=3) if narrow else None))
   ms = set()
   while not bool(np.all(np.asarray(state.done))):
     before = np.asarray(state.stats.accepted).copy()

@@ -44,6 +44,7 @@ EXACT_RULES = {
     'confidence': stopping.Confidence(0.15),
     'entropy': stopping.Entropy(2.1),
     'alpha': stopping.AlphaTracked(c=0.3, prior=0.6),
+    'budget': stopping.Budget(c=0.3, prior=0.6, block_costs=(1.0, 1.1, 1.3, 1.6)),
 }
 UNSAFE = stopping.UnsafeDropLowConfidence(0.15)
 RULES = {**EXACT_RULES, 'unsafe': UNSAFE}
@@ -78,6 +79,36 @@ class ByRow(StopRule):
 
 
 ALL_ROWS = ByRow(rules=tuple(RULES.values()), rows=N)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShortBlocks(StopRule):
+  """`inner`, capped at iteration % period drafts for every row: whole batches propose 0, 1, ..
+  drafts, so the target scores narrow blocks (engine.Chain.for_rule). The cap depends on the
+  iteration count only: exact whenever `inner` is."""
+  inner: StopRule = stopping.Fixed()
+  period: int = 3
+
+  @property
+  def exact(self):
+    return self.inner.exact
+
+  def limit(self, stats, gamma):
+    return jnp.minimum(self.inner.limit(stats, gamma), stats.iterations % self.period)
+
+  def before(self, q_BxV, k):
+    return self.inner.before(q_BxV, k)
+
+  def after(self, q_BxV, x_B, k):
+    return self.inner.after(q_BxV, x_B, k)
+
+  def truncate(self, x_BxG, q_BxGxV, n_B):
+    return self.inner.truncate(x_BxG, q_BxGxV, n_B)
+
+
+NARROW = {'confidence': ShortBlocks(stopping.Confidence(0.15)),
+          'budget': ShortBlocks(stopping.Budget(c=0.3, block_costs=(1.0, 1.1, 1.3, 1.6)), 4),
+          'unsafe': ShortBlocks(UNSAFE, 2)}
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,6 +161,40 @@ def test_unsafe_drop_low_confidence_is_detected(verifier):
   print(f'control:unsafe_drop_low_confidence ({verifier}): chi-square p = {p:.3g}, proposed {hist}')
   assert not UNSAFE.exact
   assert p < 1e-6, p
+
+
+@functools.lru_cache(maxsize=None)
+def run_narrow(temp):
+  """NARROW's rules side by side (rows k N .. (k+1) N - 1): {rule: (counts, proposed hist)}."""
+  target, far = models()
+  out = speculative_decode(
+      target, far, np.repeat(PROMPT, N * len(NARROW), axis=0), gamma=G_MAX, max_new_tokens=M,
+      temperature=TEMPS[temp].temperature, rng=jax.random.PRNGKey(SEED + 1), eos_id=-1,
+      stop=ByRow(rules=tuple(NARROW.values()), rows=N))
+  assert (np.asarray(out.lengths) == M).all()
+  codes = np.asarray(out.tokens) @ np.array([V * V, V, 1])
+  hist = np.asarray(out.stats.proposed_hist)
+  rows = [slice(k * N, (k + 1) * N) for k in range(len(NARROW))]
+  return {name: (np.bincount(codes[r], minlength=V ** 3), hist[r].sum(0))
+          for name, r in zip(NARROW, rows)}
+
+
+@pytest.mark.parametrize('temp', ['T1', 'T0.7'])
+def test_narrow_blocks_keep_the_target_law(temp):
+  # Every iteration's batch proposes at most iteration % period drafts, so the target scores
+  # blocks of 1 .. period tokens (< G_MAX + 1 = 4 for confidence and unsafe), padded to G_MAX + 1.
+  law = exact_law(TEMPS[temp])
+  results = run_narrow(temp)
+  pvalues = {name: chi2_pvalue(results[name][0], law) for name in NARROW}
+  print(f'narrow blocks {temp}: ' + ', '.join(f'{k} p = {v:.3g} {results[k][1]}'
+                                              for k, v in pvalues.items()))
+  for name in ('confidence', 'budget'):
+    hist = results[name][1]
+    assert hist[0] > 0.05 * hist.sum() and hist[1:3].sum() > 0.3 * hist.sum(), (name, hist)
+    assert pvalues[name] > 1e-3, pvalues
+  assert results['confidence'][1][G_MAX] == 0  # never the full block
+  if temp == 'T1':  # the negative control through the same narrow blocks
+    assert pvalues['unsafe'] < 1e-6, pvalues
 
 
 # A broken block verification (the token rule's residual in place of the block residual) is
@@ -203,8 +268,57 @@ def test_greedy_every_rule_is_token_identical(verifier):
   hist = np.asarray(out.stats.proposed_hist)
   for k, name in enumerate(RULES):  # the rules act at temperature 0 too
     h = hist[k * GB:(k + 1) * GB].sum(0)
-    if name in ('confidence', 'entropy', 'alpha'):
+    if name in ('confidence', 'entropy', 'alpha', 'budget'):
       assert h[:G_MAX].sum() > 0, (name, h)
+
+
+def test_greedy_narrow_blocks_are_token_identical():
+  target, draft = greedy_pair()
+  ids = greedy_prompts()
+  ref = autoregressive_decode(target, ids, max_new_tokens=GM)
+  for rule in (ShortBlocks(stopping.Confidence(0.3)), ShortBlocks(period=2),
+               ShortBlocks(stopping.Budget(c=0.2, block_costs=(1.0, 1.5, 2.0, 3.0)), 4)):
+    out = speculative_decode(target, draft, ids, gamma=G_MAX, max_new_tokens=GM, stop=rule)
+    np.testing.assert_array_equal(out.lengths, ref.lengths)
+    np.testing.assert_array_equal(out.tokens, ref.tokens)
+
+
+def test_narrow_score_is_the_full_blocks_prefix():
+  """Chain.score at width n + 1: the full block's first rows (logits and cache), zeros after."""
+  from specjax.decoding import engine, protocol
+  target, draft = greedy_pair()
+  ids = jnp.asarray(greedy_prompts()[:3])
+  st = engine.init_state(target, ModelDraft(draft), ids, jax.random.PRNGKey(0),
+                         form=engine.Chain(G_MAX), max_new_tokens=GM)
+  st = st.replace(lengths=jnp.array([0, 2, 5]), seq=st.seq.at[:, 1:8].set(7))
+  prop = protocol.Proposal(tokens_BxG=jnp.array([[4, 0, 0], [9, 3, 0], [5, 0, 0]]),
+                           q_BxGxV=jnp.zeros((3, G_MAX, 1)), n_B=jnp.array([1, 2, 0]),
+                           passes=jnp.int32(0), state=())
+  narrow = engine.Chain.for_rule(G_MAX, stopping.Confidence())
+  assert narrow.widths == stopping.block_widths(G_MAX) == (1, 2, 3, 4)
+  assert engine.Chain.for_rule(G_MAX, stopping.Fixed()).widths == ()
+  full_logits, _, full_cache = engine.Chain(G_MAX).score(target, None, st.target_cache, prop, st)
+  logits, hidden, cache = narrow.score(target, None, st.target_cache, prop, st)
+  assert hidden is None and logits.shape == full_logits.shape
+  np.testing.assert_allclose(logits[:, :3], full_logits[:, :3], rtol=1e-5, atol=1e-5)
+  np.testing.assert_array_equal(logits[:, 3:], 0.0)
+  for b, start in enumerate([0, 2, 5]):
+    for full_k, k in zip(full_cache.self_k, cache.self_k):
+      np.testing.assert_allclose(k[b, :, :start + 3], full_k[b, :, :start + 3], rtol=1e-5,
+                                 atol=1e-5)
+
+
+def test_block_widths_and_may_shorten():
+  assert stopping.block_widths(1) == (1, 2)
+  assert stopping.block_widths(4) == (1, 2, 3, 5)
+  assert stopping.block_widths(8) == (1, 2, 3, 5, 9)
+  assert stopping.block_widths(12) == (1, 2, 3, 5, 9, 13)
+  assert not stopping.may_shorten(None) and not stopping.may_shorten(stopping.Fixed())
+  assert not stopping.may_shorten(StopRule())
+  for rule in [*EXACT_RULES.values(), UNSAFE, ALL_ROWS]:
+    if rule == stopping.Fixed():
+      continue
+    assert stopping.may_shorten(rule), rule
 
 
 def test_no_recompilation_for_the_same_shapes_and_rule():
@@ -251,6 +365,31 @@ def test_alpha_tracked_limit_is_theorem_optimal_gamma():
   assert len(set(limit.tolist())) > 2
 
 
+def test_budget_limit_maximises_tokens_per_cost():
+  costs = (1.0, 1.02, 1.05, 1.3, 1.35, 1.4, 1.6, 1.7, 2.4)
+  rule = stopping.Budget(c=0.05, prior=0.6, prior_weight=2.0, block_costs=costs)
+  sums, counts = [0.0, 3.0, 30.0, 98.0], [0, 10, 40, 100]
+  stats = FakeStats(accepted=jnp.zeros(4, jnp.int32), alpha_sum=jnp.array(sums),
+                    alpha_count=jnp.array(counts))
+  limit = np.asarray(rule.limit(stats, 8)).tolist()
+  widths = stopping.block_widths(8)  # proposing g drafts verifies the narrowest width > g
+  block = [costs[min(w for w in widths if w > g) - 1] for g in range(9)]
+  for row, (s, c) in enumerate(zip(sums, counts)):
+    a = (s + 2 * 0.6) / (c + 2)
+    gain = [sum(a ** i for i in range(g + 1)) / (block[g] + 0.05 * g) for g in range(9)]
+    assert limit[row] == int(np.argmax(gain[1:])) + 1, (row, gain)
+  # A dear block shortens proposals; a flat one gives AlphaTracked's choice.
+  flat = stopping.Budget(c=0.05, block_costs=(1.0,) * 9)
+  alpha = stopping.AlphaTracked(c=0.05)
+  np.testing.assert_array_equal(flat.limit(stats, 8), alpha.limit(stats, 8))
+  assert (np.asarray(rule.limit(stats, 8)) <= np.asarray(alpha.limit(stats, 8))).all()
+  assert limit != np.asarray(alpha.limit(stats, 8)).tolist()
+  with pytest.raises(ValueError, match='block costs measured up to 2'):
+    stopping.Budget(block_costs=(1.0, 1.1, 1.2)).limit(stats, 8)
+  with pytest.raises(ValueError, match='> 0'):
+    stopping.Budget(block_costs=(1.0, 0.0))
+
+
 def test_unsafe_truncates_at_the_first_low_token():
   q = jnp.zeros((3, 4, 5)).at[:, :, 0].set(0.5).at[:, :, 1].set(0.1).at[:, :, 2].set(0.4)
   x = jnp.array([[0, 2, 1, 0], [1, 0, 0, 0], [0, 0, 0, 0]])
@@ -266,10 +405,16 @@ def test_parse_spec_and_errors():
   assert stopping.parse('entropy:2.5') == stopping.Entropy(2.5)
   assert stopping.parse('alpha', c=0.2) == stopping.AlphaTracked(c=0.2)
   assert stopping.parse('unsafe:0.3') == stopping.UnsafeDropLowConfidence(0.3)
-  for text in ('fixed', 'confidence:0.4', 'entropy:2.5', 'alpha', 'unsafe:0.3'):
+  costs = (1.0, 1.1, 1.25)
+  assert stopping.parse('budget:0.5', c=0.2, block_costs=list(costs)) == stopping.Budget(
+      c=0.2, prior=0.5, block_costs=costs)
+  assert stopping.parse('budget', c=0.2) == stopping.Budget(c=0.2)
+  assert stopping.spec(stopping.parse('budget:0.5', c=0.2, block_costs=costs)) == 'budget:0.5'
+  assert stopping.takes_block_costs('budget') and not stopping.takes_block_costs('alpha')
+  for text in ('fixed', 'confidence:0.4', 'entropy:2.5', 'alpha', 'budget', 'unsafe:0.3'):
     assert stopping.spec(stopping.parse(text)) == text
   for bad in ('confident:0.4', 'confidence:x', 'confidence:1.5', 'entropy:-1', 'fixed:2',
-              'alpha:2'):
+              'alpha:2', 'budget:x'):
     with pytest.raises(ValueError, match='stop rule'):
       stopping.parse(bad)
   # Rules are static jit arguments: equal rules hash equal.
@@ -299,15 +444,20 @@ def test_runner_sweeps_stops_and_verifiers(tmp_path, monkeypatch):
   c.target, c.drafts = str(tmp_path / 'pair' / 'target'), (str(tmp_path / 'pair' / 'draft'),)
   c.output_dir, c.compilation_cache = str(tmp_path / 'out'), ''
   c.temperatures, c.gammas, c.num_examples, c.batch_size, c.max_new_tokens = (1.0,), (3,), 2, 2, 8
-  c.stops, c.verifiers, c.repeats = ('fixed', 'confidence:0.4'), ('block',), 1
+  c.stops, c.verifiers, c.repeats = ('fixed', 'confidence:0.4', 'budget'), ('block',), 1
+  built = []  # the rules the cells decode with: 'budget' gets c and the block cost curve
+  parse = stopping.parse
+  monkeypatch.setattr(stopping, 'parse', lambda *a, **k: built.append(parse(*a, **k)) or built[-1])
   for field, bad, message in (('stops', ('confident:0.4',), 'config.stops[0]: stop rule'),
                               ('verifiers', ('blk',), 'config.verifiers')):
     with pytest.raises(ConfigError, match=message.replace('[', r'\[').replace(']', r'\]')):
       config_lib.run_spec(c.to_dict() | {field: bad})
   rows = experiment.run(config_lib.run_spec(c))
-  assert sorted((r['stop'], r['verifier']) for r in rows) == [('confidence:0.4', 'block'),
+  assert sorted((r['stop'], r['verifier']) for r in rows) == [('budget', 'block'),
+                                                              ('confidence:0.4', 'block'),
                                                               ('fixed', 'block')]
-  assert len(experiment.cells(config_lib.run_spec(c.to_dict() | {'verifiers': ('token', 'block')}))) == 4
+  assert stopping.Budget(c=0.25, block_costs=(1.0, 1.5, 1.5, 1.5)) in built
+  assert len(experiment.cells(config_lib.run_spec(c.to_dict() | {'verifiers': ('token', 'block')}))) == 6
   for r in rows:
     assert r['draft_passes_per_call'] > 0 and r['block_cost'] == 1.5
     assert r['pred_improvement_measured'] == pytest.approx(metrics.predicted_speedup(

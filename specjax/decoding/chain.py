@@ -3,11 +3,12 @@
 Shape legend: B batch, S source, N decoder-sequence buffer, G gamma (the block width; G_MAX under
 a stop rule), G1 = G + 1, V vocab, I iterations recorded in a trace.
 
-Each iteration is engine.block_step with the form `engine.Chain(gamma)`: the draft proposes
-n_B[b] <= G tokens (a stop rule may end a row early), the target scores [seq[L], d_1 .. d_G] at
-offset L in ONE call, row b commits m + 1 tokens (m <= n accepted drafts and one corrected or
-bonus token drawn at index m). What this loop adds: keys fold_in(rng, iteration) per row, and an
-optional trace of every iteration's drafts.
+Each iteration is engine.block_step with the form `engine.Chain.for_rule(gamma, stop)`: the draft
+proposes n_B[b] <= G tokens (a stop rule may end a row early), the target scores [seq[L], d_1 ..
+d_G] at offset L in ONE call (under a rule that may stop early, only as many of them as the longest
+proposal needs, one of stopping.block_widths), row b commits m + 1 tokens (m <= n accepted drafts
+and one corrected or bonus token drawn at index m). What this loop adds: keys fold_in(rng,
+iteration) per row, and an optional trace of every iteration's drafts.
 
 Public pieces: speculative_init / speculative_step (one iteration, usable from a Python loop or a
 custom jit) and speculative_program (the jitted whole loop, unchecked: e.g. `.lower(...)` on
@@ -77,9 +78,9 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   `verifier` is a name of acceptance.VERIFIERS or an acceptance.Verifier.
   """
   new, verdict = engine.block_step(
-      target, as_draft(draft), engine.Chain(gamma), state, state.keys(), sampling=sampling,
-      verifier=acceptance.verifier_for(verifier), stop=stop or stopping.Fixed(), eos_id=eos_id,
-      max_new_tokens=max_new_tokens)
+      target, as_draft(draft), engine.Chain.for_rule(gamma, stop), state, state.keys(),
+      sampling=sampling, verifier=acceptance.verifier_for(verifier), stop=stop or stopping.Fixed(),
+      eos_id=eos_id, max_new_tokens=max_new_tokens)
   return new.record_trace(state.stats.iterations, ~state.done, verdict)
 
 

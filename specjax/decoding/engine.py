@@ -22,6 +22,16 @@ A `form` says what a proposal looks like: `Chain(gamma)` here, `tree.Tree(shape)
 has `width`, `block_len` (cache slots a block needs) and six small methods (propose, score,
 verify, flags, commit, settle) that block_step calls in order.
 
+The verified block follows the proposal. Under a stop rule that can propose fewer than G drafts
+(`Chain.for_rule`), the chain's score is a `lax.switch` over a few compiled block widths
+(`stopping.block_widths`): the target scores the narrowest width >= max_b n_B[b] + 1 and its
+logits (and hidden states) are padded back to G + 1 rows with zeros, so verify and commit see one
+shape.
+Nothing reads a padded row: the verifiers accept among the first n drafts and draw the next
+token from p[m], m <= n < width; the statistics keep beta only below n; a feature head stores
+hidden[i] for i <= m. The cache holds the block's width of new positions from offset L, and the
+committed prefix needs L .. L + m < L + width of them. A fixed gamma keeps the one full block.
+
 Buffers are sized so that no block is ever written out of range (`lax.dynamic_update_slice`
 clamps silently): caches hold max_new_tokens + block_len positions, seq holds 1 + max_new_tokens
 + W + 1 tokens.
@@ -30,6 +40,7 @@ clamps silently): caches hold max_new_tokens + block_len positions, seq holds 1 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -37,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from specjax.decoding import acceptance, protocol
+from specjax.decoding import acceptance, protocol, stopping
 from specjax.decoding.protocol import Proposal, TargetFeatures
 from specjax.decoding.stats import SpecStats, Verdict
 
@@ -147,8 +158,18 @@ def finish_tokens(seq_BxN, lengths_B, max_new_tokens, pad_id):
 @dataclasses.dataclass(frozen=True)
 class Chain:
   """A proposal of up to `gamma` tokens in a row (gamma = 0: a plain decoding step, no draft call;
-  the token is drawn from p[0])."""
+  the token is drawn from p[0]). `widths`: the target block widths compiled as branches of one
+  switch (ascending, the last gamma + 1; module docstring); () scores the full block only."""
   gamma: int
+  widths: tuple[int, ...] = ()
+
+  @classmethod
+  def for_rule(cls, gamma: int, stop) -> Chain:
+    """The chain form for `stop`: narrower blocks only when the rule can propose fewer than gamma
+    drafts (stopping.may_shorten); Fixed keeps today's single full-width program."""
+    if gamma < 1 or not stopping.may_shorten(stop):
+      return cls(gamma)
+    return cls(gamma, stopping.block_widths(gamma))
 
   @property
   def width(self) -> int:
@@ -170,11 +191,17 @@ class Chain:
     return prop.replace(n_B=stop.truncate(prop.tokens_BxG, prop.q_BxGxV, prop.n_B))
 
   def score(self, target, draft, cache, prop: Proposal, st: LoopState):
-    """The target's pass over [last committed, d_1 .. d_G]: (logits, hidden or None, cache)."""
+    """The target's pass over [last committed, d_1 .. d_G]: (logits, hidden or None, cache).
+    With `widths`, over its first K columns only, K the narrowest width >= max n_B + 1 over the
+    unfinished rows, padded back to G + 1 rows."""
     block_BxG1 = jnp.concatenate([st.last_tokens(), prop.tokens_BxG], axis=1)
-    logits_BxG1xV, features, cache = protocol.verify_pass(target, draft, cache, block_BxG1,
-                                                          st.lengths)
-    return logits_BxG1xV, None if features is None else features.hidden_BxG1xD, cache
+    if len(self.widths) <= 1:
+      return _score_width(target, draft, cache, block_BxG1, st.lengths, self.gamma + 1)
+    need = jnp.max(jnp.where(st.done, 0, prop.n_B)) + 1
+    branch = jnp.searchsorted(jnp.asarray(self.widths, jnp.int32), need)
+    branches = [functools.partial(_score_width, target, draft, width=w) for w in self.widths]
+    return jax.lax.switch(jnp.minimum(branch, len(self.widths) - 1), branches, cache, block_BxG1,
+                          st.lengths)
 
   def verify(self, verifier, keys_B, prop: Proposal, logits_BxG1xV, sampling) -> Verdict:
     m_B, next_B, beta_BxG = verifier.chain(keys_B, prop.tokens_BxG, prop.q_BxGxV, logits_BxG1xV,
@@ -196,6 +223,16 @@ class Chain:
     """(NaN in q, a proposed id outside [0, vocab)) as [] bools."""
     return (jnp.isnan(prop.q_BxGxV).any(),
             acceptance.out_of_range(prop.tokens_BxG, prop.n_B, vocab))
+
+
+def _score_width(target, draft, cache, block_BxG1, lengths_B, width: int):
+  """The verification pass over the block's first `width` tokens; logits (and hidden states)
+  padded with zero rows to G + 1 (rows >= width are never read: module docstring)."""
+  logits_BxKxV, features, cache = protocol.verify_pass(target, draft, cache,
+                                                       block_BxG1[:, :width], lengths_B)
+  pad = ((0, 0), (0, block_BxG1.shape[1] - width), (0, 0))
+  hidden = None if features is None else jnp.pad(features.hidden_BxG1xD, pad)
+  return jnp.pad(logits_BxKxV, pad), hidden, cache
 
 
 # ----------------------------------------------------------------------------- the step

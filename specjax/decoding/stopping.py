@@ -22,7 +22,10 @@ is exact there.
 
 A rule is a small frozen dataclass (hashable: a static argument of `jax.jit`). The draft rollout
 (`specjax.decoding.protocol.rollout`) calls `before` / `after` at every step and exits when every
-row has stopped; the loop calls `limit` and `truncate`. Rules are registered by name
+row has stopped; the loop calls `limit` and `truncate`, and for a rule that may propose fewer than
+G_MAX (`may_shorten`) the target verifies only the block the rows need, one of `block_widths`
+(specjax.decoding.engine): a short proposal saves target time as well as draft passes, which is
+what the cost-aware rule `Budget` ('budget') prices in. Rules are registered by name
 (`@register('name')`, registry STOP_RULES); `parse('confidence:0.4')` builds one from the runner's
 spelling (the class's `from_spec`) and `spec(rule)` writes it back (the rule's `spec`).
 """
@@ -38,9 +41,9 @@ import jax.numpy as jnp
 from specjax.decoding import theory
 from specjax.decoding.registry import STOP_RULES
 
-__all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked',
-           'UnsafeDropLowConfidence', 'STOP_RULES', 'entropy', 'optimal_gammas', 'parse',
-           'register', 'spec']
+__all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked', 'Budget',
+           'UnsafeDropLowConfidence', 'STOP_RULES', 'block_widths', 'entropy', 'may_shorten',
+           'optimal_gammas', 'parse', 'register', 'spec', 'takes_block_costs']
 
 register = STOP_RULES.register
 
@@ -70,9 +73,11 @@ class StopRule:
   exact = True
 
   @classmethod
-  def from_spec(cls, arg: str, c: float | None = None) -> StopRule:
+  def from_spec(cls, arg: str, c: float | None = None,
+                block_costs: tuple[float, ...] | None = None) -> StopRule:
     """The rule from the text after 'name:' ('' when absent): by default a number for the rule's
-    first field. `c` is the measured cost ratio (for rules that use it)."""
+    first field. `c` (the measured cost ratio) and `block_costs` (the measured block cost curve)
+    are for the rules that use them."""
     fields = dataclasses.fields(cls)
     if not arg:
       return cls()
@@ -168,8 +173,10 @@ class AlphaTracked(StopRule):
       raise ValueError(f'c must be >= 0, got {self.c}')
 
   @classmethod
-  def from_spec(cls, arg: str, c: float | None = None) -> AlphaTracked:
+  def from_spec(cls, arg: str, c: float | None = None,
+                block_costs: tuple[float, ...] | None = None) -> AlphaTracked:
     """'alpha' or 'alpha:PRIOR'; `c` the measured cost ratio."""
+    del block_costs
     kw = {} if c is None else {'c': float(c)}
     if arg:
       try:
@@ -179,12 +186,60 @@ class AlphaTracked(StopRule):
     return cls(**kw)
 
   def spec(self) -> str:
-    return 'alpha' if self.prior == AlphaTracked.prior else f'alpha:{self.prior:g}'
+    name = STOP_RULES.name_of(self)
+    return name if self.prior == AlphaTracked.prior else f'{name}:{self.prior:g}'
+
+  def running_alpha(self, stats) -> jax.Array:
+    """[B] each row's alpha from its finished iterations, shrunk towards the prior."""
+    return theory.running_alpha(stats.alpha_sum, stats.alpha_count.astype(jnp.float32),
+                                self.prior, self.prior_weight)
 
   def limit(self, stats, gamma):
-    alpha_B = theory.running_alpha(stats.alpha_sum, stats.alpha_count.astype(jnp.float32),
-                                   self.prior, self.prior_weight)
-    return optimal_gammas(alpha_B, self.c, gamma)
+    return optimal_gammas(self.running_alpha(stats), self.c, gamma)
+
+
+@register('budget')
+@dataclasses.dataclass(frozen=True)
+class Budget(AlphaTracked):
+  """AlphaTracked with the measured price of the target's block: each row proposes the g in
+  1..G_MAX maximising E[tokens](alpha_b, g) / (block_costs[g] + g c).
+
+  block_costs[g] is the target's (g+1)-token step over its 1-token step (block_costs[0] = 1;
+  runner.metrics.measure_block_cost), () = 1 for every g (then this is 'alpha'). Under a stop
+  rule the chain loop verifies only the block the rows propose (engine.Chain.for_rule), so
+  choosing fewer drafts where the block is dear saves its price. Each row is judged alone: in a
+  batch the block is as wide as its longest row's. Decided before the rollout: exact.
+  """
+  block_costs: tuple[float, ...] = ()
+
+  def __post_init__(self):
+    super().__post_init__()
+    costs = tuple(float(x) for x in self.block_costs)
+    if not all(x > 0 for x in costs):
+      raise ValueError(f'block costs must be > 0, got {costs}')
+    object.__setattr__(self, 'block_costs', costs)  # a list becomes a (hashable) tuple
+
+  @classmethod
+  def from_spec(cls, arg: str, c: float | None = None,
+                block_costs: tuple[float, ...] | None = None) -> Budget:
+    """'budget' or 'budget:PRIOR'; `c` and `block_costs` as measured."""
+    rule = super().from_spec(arg, c=c)
+    return rule if block_costs is None else dataclasses.replace(rule, block_costs=block_costs)
+
+  def costs(self, gamma: int) -> list[float]:
+    """[gamma + 1] what proposing g = 0..gamma drafts costs, in 1-token target steps: the block
+    the loop verifies for them (the narrowest of `block_widths` >= g + 1) and g draft steps."""
+    if not self.block_costs:
+      return [1.0 + g * self.c for g in range(gamma + 1)]
+    if len(self.block_costs) <= gamma:
+      raise ValueError(f'budget: block costs measured up to {len(self.block_costs) - 1} drafts, '
+                       f'the block holds {gamma}')
+    widths = block_widths(gamma)
+    block = [self.block_costs[min(w for w in widths if w > g) - 1] for g in range(gamma + 1)]
+    return [block[g] + g * self.c for g in range(gamma + 1)]
+
+  def limit(self, stats, gamma):
+    return theory.best_gamma(self.running_alpha(stats), self.costs(gamma), first=1)
 
 
 @register('unsafe')
@@ -212,23 +267,55 @@ class UnsafeDropLowConfidence(StopRule):
     return jnp.minimum(n_B, first_low_B).astype(jnp.int32)
 
 
-def parse(text: str, c: float | None = None) -> StopRule:
-  """'fixed', 'confidence:0.4', 'entropy:2.5', 'alpha' (or 'alpha:PRIOR'), 'unsafe:0.3', or any
-  registered rule. `c` (the measured cost ratio) is given to rules that use it ('alpha'). A bad
-  spelling raises a one-line ValueError."""
+def block_widths(gamma: int) -> tuple[int, ...]:
+  """The target block widths the chain loop compiles for a rule that may propose fewer than
+  `gamma` drafts (engine.Chain.for_rule): the block for 0, 1, 2, 4, 8, .. drafts, and the full
+  gamma + 1. The loop verifies the narrowest width >= its longest row's n + 1. Each width is one
+  more target pass to compile (about 0.3 s each for the tiny pair); on a CPU a block a draft or
+  two wider than needed costs little (docs/performance.md), so the widths double."""
+  widths, drafts = [1], 1
+  while drafts < gamma:
+    widths.append(drafts + 1)
+    drafts *= 2
+  return (tuple(widths) + (gamma + 1,)) if gamma else (1,)
+
+
+def takes_block_costs(text: str) -> bool:
+  """Whether the rule spelled `text` reads the measured block cost curve (parse's block_costs)."""
+  return any(f.name == 'block_costs' for f in dataclasses.fields(parse(text)))
+
+
+def may_shorten(rule: StopRule | None) -> bool:
+  """Whether `rule` can propose fewer than G_MAX drafts: it overrides a hook of the base class
+  (the chain loop then compiles narrower target blocks, engine.Chain.for_rule). Fixed and None
+  cannot."""
+  if rule is None:
+    return False
+  return any(getattr(type(rule), hook) is not getattr(StopRule, hook)
+             for hook in ('limit', 'before', 'after', 'truncate'))
+
+
+def parse(text: str, c: float | None = None,
+          block_costs: tuple[float, ...] | None = None) -> StopRule:
+  """'fixed', 'confidence:0.4', 'entropy:2.5', 'alpha' (or 'alpha:PRIOR'), 'budget' (or
+  'budget:PRIOR'), 'unsafe:0.3', or any registered rule. `c` (the measured cost ratio) is given
+  to the rules that use it ('alpha', 'budget'), `block_costs` (block_costs[g] the target's
+  (g+1)-token step over its 1-token step, g = 0..G_MAX) to 'budget'. A bad spelling raises a
+  one-line ValueError."""
   name, _, arg = str(text).strip().partition(':')
   try:
     cls = STOP_RULES.lookup(name.strip().lower())
   except ValueError as e:
     raise ValueError(f'{e} (in {text!r})') from None
   try:
-    return cls.from_spec(arg.strip(), c=c)
+    return cls.from_spec(arg.strip(), c=c, block_costs=block_costs)
   except (TypeError, ValueError) as e:
     raise ValueError(f'stop rule {text!r}: {e}') from None
 
 
 def spec(rule: StopRule | None) -> str:
-  """The short name of a rule for tables: the inverse of `parse` ('alpha' drops c)."""
+  """The short name of a rule for tables: the inverse of `parse` ('alpha' drops c, 'budget' c
+  and its costs)."""
   return 'fixed' if rule is None else rule.spec()
 
 

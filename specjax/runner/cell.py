@@ -49,13 +49,15 @@ def valid_stats(outputs, rows_valid: list[int]):
 
 def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts: Prompts,
              temperature: float, gamma: int, c: float, *, stop: str = 'fixed',
-             verifier: str = 'token', block_cost: float = 1.0, tree: str = '') -> CellResult:
+             verifier: str = 'token', block_cost: float = 1.0, tree: str = '',
+             block_costs: tuple[float, ...] | None = None) -> CellResult:
   """Times baseline vs speculative on the same prompts and collects alpha and quality.
 
-  `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c), gamma
+  `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c,
+  'budget' c and `block_costs`, the measured curve 1, block cost(1) .. block cost(gamma)), gamma
   then its block width G_MAX; `verifier` names the verification rule. A `tree` ('(3,2,1)')
   decodes with that token tree instead (specjax.decoding.tree; no trace picture)."""
-  rule = stopping.parse(stop, c=c)
+  rule = stopping.parse(stop, c=c, block_costs=block_costs)
   kw = dict(max_new_tokens=spec.max_new_tokens, temperature=temperature, top_k=spec.top_k,
             top_p=spec.top_p)
   rng = jax.random.PRNGKey(spec.seed)

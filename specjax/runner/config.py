@@ -41,7 +41,8 @@ class RunSpec:
   gammas: tuple[int, ...] = option((1, 2, 3, 5, 7, 10), "drafts per iteration; the paper's gamma "
                                    'is marked in the table')
   stops: tuple[str, ...] = option(('fixed',), "stop rules (specjax.stopping): 'fixed' (the "
-                                  "paper), 'confidence:0.4', 'entropy:2.5', 'alpha' (gamma = G_MAX)")
+                                  "paper), 'confidence:0.4', 'entropy:2.5', 'alpha', 'budget' "
+                                  '(gamma = G_MAX)')
   verifiers: tuple[str, ...] = option(('token',), "'token' (the paper's rule) and/or 'block' "
                                       '(block verification, Sun et al. 2025)')
   trees: str = option('', "token trees beside the gammas, e.g. '((3,2,1), (2,2,2,1))': one cell "

@@ -17,6 +17,7 @@ import os
 import sys
 from typing import Any
 
+from specjax.decoding import stopping
 from specjax.errors import ConfigError
 from specjax.runner import drafts as drafts_lib
 from specjax.runner import metrics
@@ -32,6 +33,13 @@ from specjax.runner.results import ResultsFile  # pylint: disable=unused-import
 # The sweep's dimensions: (cell field, RunSpec field listing its values), outermost first.
 SWEEP = (('task', 'tasks'), ('draft', 'drafts'), ('temperature', 'temperatures'),
          ('gamma', 'gammas'), ('stop', 'stops'), ('verifier', 'verifiers'))
+
+
+def curve(block_cost: dict[int, float], gamma: int) -> tuple[float, ...] | None:
+  """(1, block_cost[1], .., block_cost[gamma]) when all were measured, else None."""
+  if not all(g in block_cost for g in range(1, gamma + 1)):
+    return None
+  return (1.0,) + tuple(float(block_cost[g]) for g in range(1, gamma + 1))
 
 
 def cells(spec: RunSpec) -> list[dict[str, Any]]:
@@ -122,10 +130,13 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
     cache_len = spec.max_new_tokens + max(spec.gammas) + 1
     # The target's (gamma+1)-token step over its 1-token step (a property of the target, so once
     # per task), for the cost model beside Theorem 3.8's (which assumes 1): measured when asked
-    # or when the sweep has stop rules (their cells verify variable-length blocks).
-    block_cost = ({g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
-                   for g in spec.gammas}
-                  if spec.block_cost or set(spec.stops) != {'fixed'} else {})
+    # or when the sweep has stop rules (their cells verify variable-length blocks); at every
+    # gamma up to the largest when a rule prices its proposals with the curve ('budget').
+    measured = set(spec.gammas) if spec.block_cost or set(spec.stops) != {'fixed'} else set()
+    if any(stopping.takes_block_costs(s) for s in spec.stops):
+      measured |= set(range(1, max(spec.gammas) + 1))
+    block_cost = {g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
+                  for g in sorted(measured)}
     for draft_name in spec.drafts:
       draft_cells = [c for c in todo if c['task'] == task and c['draft'] == draft_name]
       if not draft_cells:
@@ -139,7 +150,8 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
         result = run_cell(spec, task, draft_name, target, draft, tokenizer, prompts,
                           temperature, gamma, c, stop=cell['stop'], verifier=cell['verifier'],
-                          block_cost=block_cost.get(gamma, 1.0), tree=cell.get('tree', ''))
+                          block_cost=block_cost.get(gamma, 1.0), tree=cell.get('tree', ''),
+                          block_costs=curve(block_cost, gamma))
         if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
           shown = (temperature, gamma, label, result.examples)
         if (spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas)
