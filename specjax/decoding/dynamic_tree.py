@@ -47,10 +47,10 @@ from flax import struct
 
 from specjax.decoding import acceptance, protocol
 from specjax.decoding import sampling as sampling_lib
-from specjax.decoding.protocol import TargetFeatures, TreeProposal
+from specjax.decoding.protocol import TreeProposal
 from specjax.decoding.shapes import DynamicTree, TreeShape
 from specjax.decoding.stats import Verdict
-from specjax.models import t5 as t5_lib
+from specjax.decoding.tree import Tree
 
 
 @struct.dataclass
@@ -127,8 +127,9 @@ def take_rows(a_BxM1, idx_BxK):
 
 
 @dataclasses.dataclass(frozen=True)
-class DynamicForm:
-  """The dynamic tree form of a proposal for engine.block_step (module docstring)."""
+class DynamicForm(Tree):
+  """The dynamic tree form of a proposal for engine.block_step (module docstring); flags,
+  commit (by node_path_BxW1) and settle (by block position) are Tree's."""
   shape: DynamicTree
 
   @property
@@ -187,18 +188,3 @@ class DynamicForm:
                    path_BxW1=take_rows(block_pos_BxMt1, node_path_BxD1),
                    verified_B=jnp.full(m_B.shape, self.shape.budget, jnp.int32),
                    node_path_BxW1=node_path_BxD1)
-
-  def flags(self, prop: ChosenTree, vocab: int):
-    return (jnp.isnan(prop.q_BxMxV).any(),
-            jnp.any(~acceptance.in_range(prop.tokens_BxM1[:, 1:], vocab)))
-
-  def commit(self, draft, state, seq_BxN, lengths_B, start_B, verdict: Verdict, hidden):
-    features = None
-    if hidden is not None:  # the accepted path's features, by block position
-      on_path = jnp.take_along_axis(hidden, verdict.path_BxW1[:, :, None], axis=1)
-      features = TargetFeatures(hidden_BxG1xD=on_path, start_B=start_B)
-    return protocol.commit_tree(draft, state, seq_BxN, lengths_B, start_B,
-                                verdict.node_path_BxW1, features)
-
-  def settle(self, cache, start_B, verdict: Verdict):
-    return t5_lib.gather_path(cache, start_B, verdict.path_BxW1)

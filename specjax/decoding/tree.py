@@ -37,7 +37,6 @@ from specjax.decoding.candidates import (CANDIDATES, draw_children, draw_tokens,
 from specjax.decoding.model_draft import TreeModelDraft, as_draft
 from specjax.decoding.options import SpecOptions, check_call
 from specjax.decoding.protocol import TargetFeatures, TreeProposal
-from specjax.decoding.dynamic_tree import DynamicForm
 from specjax.decoding.shapes import DynamicTree, TreeShape, parse_tree, parse_trees
 from specjax.decoding.stats import DecodeOutput, TreeStats, Verdict
 from specjax.models import t5 as t5_lib
@@ -99,12 +98,15 @@ class Tree:
             jnp.any(~acceptance.in_range(prop.tokens_BxM1[:, 1:], vocab)))
 
   def commit(self, draft, state, seq_BxN, lengths_B, start_B, verdict: Verdict, hidden):
+    """The draft commits the accepted path: the target's features by block position
+    (path_BxW1), the draft's own state by proposal node (node_path_BxW1 where the block holds a
+    selection of the proposed nodes, as a dynamic tree's does)."""
     features = None
     if hidden is not None:  # the accepted path's features, as a chain's block would give them
       on_path = jnp.take_along_axis(hidden, verdict.path_BxW1[:, :, None], axis=1)
       features = TargetFeatures(hidden_BxG1xD=on_path, start_B=start_B)
-    return protocol.commit_tree(draft, state, seq_BxN, lengths_B, start_B, verdict.path_BxW1,
-                                features)
+    nodes = verdict.path_BxW1 if verdict.node_path_BxW1 is None else verdict.node_path_BxW1
+    return protocol.commit_tree(draft, state, seq_BxN, lengths_B, start_B, nodes, features)
 
   def settle(self, cache, start_B, verdict: Verdict):
     return t5_lib.gather_path(cache, start_B, verdict.path_BxW1)
@@ -112,6 +114,8 @@ class Tree:
 
 def form_for(shape):
   """The block_step form of a tree spec: Tree for a static shape, DynamicForm for a DynamicTree."""
+  # Imported here: dynamic_tree's form extends Tree (it shares flags, commit and settle).
+  from specjax.decoding.dynamic_tree import DynamicForm  # pylint: disable=import-outside-toplevel
   return DynamicForm(shape) if isinstance(shape, DynamicTree) else Tree(shape)
 
 
