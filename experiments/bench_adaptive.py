@@ -279,7 +279,7 @@ def run_pair(name, args, gate=None, log=print) -> dict:
 
   target, draft, desc, padded, ids = bc.load_bench_pair(name, args.n, smoke=(name == 'smoke'))
   if args.draft == 'head':
-    draft, head_desc = head_draft(name, target)
+    draft, head_desc = bc.head_draft(name, target)
     desc = f'{desc}; draft: {head_desc}'
   log(f'\n== {name}: {desc}')
   cache_len = args.max_new_tokens + args.g_max + 1
@@ -334,25 +334,6 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         log(line)
       record['settings'].append(setting)
   return record
-
-
-def head_draft(pair: str, target):
-  """(the feature head draft for `pair`'s target, its description): the shipped tiny pair's head
-  with its 2582-id draft vocabulary (configs/tiny.py), or a random head for the smoke pair."""
-  import jax  # pylint: disable=import-outside-toplevel
-  from specjax import data  # pylint: disable=import-outside-toplevel
-  from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
-  from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
-  if pair == 'smoke':
-    hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
-    params = head_lib.init_head_params(hc, jax.random.PRNGKey(0))
-    return FeatureHeadDraft.for_target(target, (params, hc)), 'random feature head (d_model 16)'
-  head_dir = os.path.join(str(data.TINY_PAIR_DIR), 'head')
-  if pair != 'tiny' or bc.tiny_pair_dirs() is None or not os.path.isdir(head_dir):
-    raise SystemExit(f'--draft=head: no feature head for the {pair} pair (the shipped tiny pair '
-                     'has one)')
-  return (FeatureHeadDraft.for_target(target, head_dir, vocab=2582),
-          'the shipped feature head (2582 of 4000 ids)')
 
 
 def summarise(rows, block_rows) -> dict:

@@ -1,24 +1,37 @@
-"""Token trees against chains with the same number of verified tokens, side by side in one process.
+"""Token trees (static and dynamic) against chains with the same number of verified tokens, side by
+side in one process.
 
-  python experiments/bench_tree.py [--pairs=tiny,t5-small] [--temps=0,1] [--trees=...]
-                                   [--gammas=7,8] [--out=FILE.json] [--allow-loaded]
+  python experiments/bench_tree.py [--pairs=tiny,t5-small] [--temps=0,1] [--draft=model|head]
+                                   [--trees='(2,1,1,1);dynamic:8,4,2,1'] [--gammas=4,8,16]
+                                   [--out=FILE.json] [--allow-loaded]
   python experiments/bench_tree.py --smoke          # seconds, random smoke pair (tests)
 
 Batch 1 (the low-latency setting trees are for). For each pair and temperature every variant
 decodes the same test verses, one prompt per call:
 
-  chain g     speculative_decode(gamma=g): the paper's chain, g verified draft tokens per call
-  tree S      speculative_decode(tree=S): M(S) verified nodes per call, depth D(S)
-  AR          autoregressive decoding
+  chain g        speculative_decode(gamma=g): the paper's chain, g verified draft tokens per call
+  tree (b1,..)   a static tree: M = b1 + b1 b2 + .. verified nodes per call, depth D
+  dynamic:M,b..  a dynamic tree (specjax.decoding.dynamic_tree): the draft expands the template
+                 (b1, b2, ..), the target verifies the M nodes the draft rates most likely to be
+                 accepted, chosen per row and call
+  AR             autoregressive decoding
 
-Timed interleaved (specjax.runner.metrics.time_interleaved: compile apart, block_until_ready,
-median of --repeats). Tokens per target call, accepted path lengths and nodes per call are pooled
-over the timed run and --stat_seeds extra untimed seeds (sampling only); the ratio of a tree to
-the chain with the same number of verified tokens (`vs chain`) is the headline. The machine's load
-is recorded beside every table (bench_common's load gate). The last line printed (`summary:`)
-gives issue 33's two ratios with their goals, the worst over pairs at T = 1: the best tree of
-budget 8 (else the largest budget measured) over the chain of that budget in tokens per call, and
-the fastest tree over the fastest chain in tok/s, naming the variants.
+--draft=model drafts with the pair's small T5; --draft=head with the shipped feature head (the
+tiny pair only; smoke: a random head). The default trees are budgets 4, 8 and 16, each as a
+static tree and as a dynamic one, beside chains of gamma 4, 8 and 16.
+
+At temperature 0 every variant's tokens are checked against AR's (column `= AR`: greedy
+speculative decoding must be token-identical). Timed interleaved
+(specjax.runner.metrics.time_interleaved: compile apart, block_until_ready, median of --repeats).
+Tokens per target call, accepted path lengths and nodes per call are pooled over the timed run
+and --stat_seeds extra untimed seeds (sampling only); the ratio of a tree to the chain with the
+same number of verified tokens (`vs chain`) is the headline. The machine's load
+is recorded beside every table (bench_common's load gate). With --out a plot of tokens/s against
+the verify budget, one line per method (chain, static tree, dynamic tree), is written beside the
+JSON. The last line printed (`summary:`) gives issue 33's two ratios with their goals, the worst
+over pairs at T = 1: the best dynamic tree of budget 8 (else the largest budget measured) over the
+chain of that budget in tokens per call, and the fastest dynamic tree over the fastest chain in
+tok/s, naming the variants; then the same two for the static trees.
 """
 
 from __future__ import annotations
@@ -35,18 +48,25 @@ COLUMNS = [
     ('variant', 'variant', ''), ('verified', 'verified / call', 'd'), ('depth', 'depth', 'd'),
     ('tokens_per_call', 'tok / call', '.3f'), ('vs_chain', 'vs chain (same verified)', '.3f'),
     ('se', 'se', '.3f'), ('tokens_per_s', 'tok/s', '.1f'), ('vs_ar', 'vs AR', '.2f'),
-    ('ms', 'median ms', '.1f'), ('compile_s', 'compile s', '.1f'), ('hist', 'accepted hist', ''),
+    ('ms', 'median ms', '.1f'), ('compile_s', 'compile s', '.1f'), ('identical', '= AR (T=0)', ''),
+    ('hist', 'accepted hist', ''),
 ]
-STATS_COLUMNS = [c for c in COLUMNS if c[0] not in ('tokens_per_s', 'vs_ar', 'ms', 'compile_s')]
-DEFAULT_TREES = '((2,1,1,1), (4,1), (2,3), (1,2,1,1), (3,1,1), (2,2,1))'
+STATS_COLUMNS = [c for c in COLUMNS
+                 if c[0] not in ('tokens_per_s', 'vs_ar', 'ms', 'compile_s', 'identical')]
+# Budgets 4, 8 and 16: static trees, then dynamic trees over templates about 3-4x their budget.
+DEFAULT_TREES = ('(2,1);(2,1,1,1);(4,1);(2,3);(4,1,1,1);'
+                 'dynamic:4,3,2,1;dynamic:8,4,2,1;dynamic:8,3,2,2,1;dynamic:16,4,2,2,1')
 
 
 def parse_args(argv=None):
   p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   p.add_argument('--pairs', default='tiny,t5-small', help='comma list of tiny, t5-small')
   p.add_argument('--temps', default='0,1')
-  p.add_argument('--trees', default=DEFAULT_TREES, help='trees as branching tuples')
-  p.add_argument('--gammas', default='7,8', help='chain gammas to compare against')
+  p.add_argument('--trees', default=DEFAULT_TREES,
+                 help="trees separated by ';': branching tuples (2,1,1,1) or dynamic:M,b1,b2,..")
+  p.add_argument('--gammas', default='4,8,16', help='chain gammas to compare against')
+  p.add_argument('--draft', default='model', choices=('model', 'head'),
+                 help="the pair's small T5 draft, or the feature head on the target's features")
   p.add_argument('--n', type=int, default=8, help='prompts (test verses), batch 1 each')
   p.add_argument('--max_new_tokens', type=int, default=48)
   p.add_argument('--repeats', type=int, default=3)
@@ -59,16 +79,35 @@ def parse_args(argv=None):
                              smoke_help='random smoke pair, 2 prompts, 1 repeat')
   if args.smoke:
     args.pairs, args.n, args.repeats, args.stat_seeds, args.max_new_tokens = 'smoke', 2, 1, 0, 12
-    args.trees, args.gammas = '((2,1),)', '4'  # tree (2,1) verifies 4 nodes: chain 4
+    # tree (2,1) and the dynamic tree verify 4 nodes: chain 4
+    args.trees, args.gammas = '(2,1);dynamic:4,2,2', '4'
   return args
 
 
+def parse_trees(text):
+  """--trees: ';'-separated trees (a branching tuple or 'dynamic:M,b1,..'), or the older
+  '((2,1,1,1), (4,1))' form."""
+  from specjax.decoding import shapes  # pylint: disable=import-outside-toplevel
+  if ';' in text:
+    return tuple(shapes.parse_tree(t) for t in text.split(';') if t.strip())
+  return shapes.parse_trees(text)
+
+
 def variants(args):
-  from specjax.decoding import tree as tree_lib  # pylint: disable=import-outside-toplevel
+  """[(name, kind, argument, verified tokens per call, depth)]; kind chain, tree or dynamic."""
+  from specjax.decoding.shapes import DynamicTree  # pylint: disable=import-outside-toplevel
   out = [(f'chain {g}', 'chain', int(g), int(g), int(g)) for g in args.gammas.split(',')]
-  for shape in tree_lib.parse_trees(args.trees):
-    out.append((f'tree {shape}', 'tree', shape.branching, shape.nodes, shape.depth))
+  for shape in parse_trees(args.trees):
+    if isinstance(shape, DynamicTree):
+      out.append((str(shape), 'dynamic', shape, shape.nodes, shape.depth))
+    else:
+      out.append((f'tree {shape}', 'tree', shape.branching, shape.nodes, shape.depth))
   return out
+
+
+def method(variant: str) -> str:
+  """'chain', 'tree' (static) or 'dynamic' from a row's variant name."""
+  return variant.split(' ')[0].split(':')[0]
 
 
 def _pool(stats_list, kind):
@@ -93,7 +132,7 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
   last = {}
 
   def spec_fn(name, kind, arg, seed=0):
-    key = 'tree' if kind == 'tree' else 'gamma'
+    key = 'gamma' if kind == 'chain' else 'tree'
     return bc.keep_chunks(last, name, chunks, lambda x, i: loop.speculative_decode(
         target, draft, x, rng=1000 * seed + i, **{key: arg}, **kw))
 
@@ -117,6 +156,9 @@ def compare(target, draft, prompts_NxS, *, temperature, variants, max_new_tokens
   for name, kind, arg, verified, depth in variants + ([('AR', 'ar', None, 0, 0)] if timed else []):
     tokens = sum(int(np.sum(o.lengths)) for o in last[name])
     row = dict(variant=name, verified=verified, depth=depth, tokens=tokens)
+    if timed and temperature == 0 and name != 'AR':  # greedy: the autoregressive tokens exactly
+      row['identical'] = all(np.array_equal(np.asarray(a.tokens), np.asarray(b.tokens))
+                             for a, b in zip(last[name], last['AR']))
     if timed:
       t, ar_s = timings[name], timings['AR'].median_s
       row.update(ms=1e3 * t.median_s, compile_s=t.compile_s, times_s=list(t.times_s),
@@ -141,8 +183,11 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   import numpy as np  # pylint: disable=import-outside-toplevel
 
   target, draft, desc, padded, ids = bc.load_bench_pair(name, args.n, smoke=(name == 'smoke'))
+  if args.draft == 'head':
+    draft, head_desc = bc.head_draft(name, target)
+    desc = f'{desc}; draft: {head_desc}'
   log(f'\n== {name}: {desc}')
-  record = {'pair': name, 'description': desc, 'settings': []}
+  record = {'pair': name, 'description': desc, 'draft': args.draft, 'settings': []}
   for temperature in [float(t) for t in args.temps.split(',')]:
     start = gate.mark() if gate is not None else None
     rows = compare(target, draft, np.asarray(padded), temperature=temperature,
@@ -159,21 +204,18 @@ def run_pair(name, args, gate=None, log=print) -> dict:
   return record
 
 
-# Issue 33's Done-when ratios (for a dynamic tree; the static trees stand in until it exists).
+# Issue 33's Done-when ratios (a dynamic tree against the chain).
 GOALS = {'tokens_per_call': 1.15, 'tokens_per_s': 1.10}
 BUDGET = 8  # verified tokens per call
 
 
-def summary_line(result) -> str:
-  """The run's last line: the best tree against the chain of the same budget (tokens per call) and
-  the best tree against the best chain (tok/s), at T = 1 when measured, the worst over pairs."""
-  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
-  shown = [x for x in settings if x[1]['temperature'] == 1.0] or settings
-  temps = ','.join(sorted({f"{s['temperature']:g}" for _, s in shown}))
-  per_call, per_s = [], []  # (ratio, what) per setting
+def _ratios(shown, kind):
+  """[(tokens-per-call ratio, what, budget)], [(tok/s ratio, what)] of `kind`'s trees, per
+  setting."""
+  per_call, per_s = [], []
   for pair, s in shown:
-    trees = [r for r in s['rows'] if r['variant'].startswith('tree')]
-    chains = [r for r in s['rows'] if r['variant'].startswith('chain')]
+    trees = [r for r in s['rows'] if method(r['variant']) == kind]
+    chains = [r for r in s['rows'] if method(r['variant']) == 'chain']
     budgets = {r['verified'] for r in trees if r.get('vs_chain') is not None}
     budget = BUDGET if BUDGET in budgets else max(budgets, default=None)
     at = [r for r in trees if r['verified'] == budget and r.get('vs_chain') is not None]
@@ -181,23 +223,75 @@ def summary_line(result) -> str:
       best = max(at, key=lambda r: r['vs_chain'])
       per_call.append((best['vs_chain'], f"{pair}: {best['variant']} vs {best['vs_chain_of']}",
                        budget))
-    timed = [r for r in trees + chains if 'tokens_per_s' in r]
-    if any(r in trees for r in timed) and any(r in chains for r in timed):
-      tree = max((r for r in timed if r in trees), key=lambda r: r['tokens_per_s'])
-      chain = max((r for r in timed if r in chains), key=lambda r: r['tokens_per_s'])
+    timed_trees = [r for r in trees if 'tokens_per_s' in r]
+    timed_chains = [r for r in chains if 'tokens_per_s' in r]
+    if timed_trees and timed_chains:
+      tree = max(timed_trees, key=lambda r: r['tokens_per_s'])
+      chain = max(timed_chains, key=lambda r: r['tokens_per_s'])
       per_s.append((tree['tokens_per_s'] / chain['tokens_per_s'],
                     f"{pair}: {tree['variant']} vs {chain['variant']}"))
-  call = min(per_call, default=(math.nan, 'not measured', BUDGET))
-  speed = min(per_s, default=(math.nan, 'not measured'))
-  return (f"summary: static-tree/chain tokens per call T={temps} budget {call[2]} "
-          f"{bc.fmt(call[0], '.2f')} (goal {GOALS['tokens_per_call']:.2f}; {call[1]}); "
-          f"static-tree/best chain tok/s {bc.fmt(speed[0], '.2f')} "
-          f"(goal {GOALS['tokens_per_s']:.2f}; {speed[1]})")
+  return per_call, per_s
+
+
+def summary_line(result) -> str:
+  """The run's last line: the best dynamic tree against the chain of the same budget (tokens per
+  call) and the fastest dynamic tree against the fastest chain (tok/s), at T = 1 when measured,
+  the worst over pairs; then the static trees' two ratios."""
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  shown = [x for x in settings if x[1]['temperature'] == 1.0] or settings
+  temps = ','.join(sorted({f"{s['temperature']:g}" for _, s in shown}))
+  parts = []
+  for kind, label in (('dynamic', 'dynamic'), ('tree', 'static-tree')):
+    per_call, per_s = _ratios(shown, kind)
+    call = min(per_call, default=(math.nan, 'not measured', BUDGET))
+    speed = min(per_s, default=(math.nan, 'not measured'))
+    parts.append(f"{label}/chain tokens per call T={temps} budget {call[2]} "
+                 f"{bc.fmt(call[0], '.2f')} (goal {GOALS['tokens_per_call']:.2f}; {call[1]}); "
+                 f"{label}/best chain tok/s {bc.fmt(speed[0], '.2f')} "
+                 f"(goal {GOALS['tokens_per_s']:.2f}; {speed[1]})")
+  return 'summary: ' + '; '.join(parts)
+
+
+def plot(result, path) -> str | None:
+  """Tokens per second against the verify budget, one line per method, one panel per (pair, T)."""
+  try:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    return None
+  settings = [(p['pair'], s) for p in result['pairs'] for s in p['settings']]
+  if not settings or not any('tokens_per_s' in r for _, s in settings for r in s['rows']):
+    return None
+  fig, axes = plt.subplots(1, len(settings), figsize=(4.2 * len(settings), 3.6), squeeze=False)
+  for ax, (pair, s) in zip(axes[0], settings):
+    for i, kind in enumerate(('chain', 'tree', 'dynamic')):
+      best = {}  # budget -> the fastest variant of this method
+      for r in s['rows']:
+        if method(r['variant']) == kind and 'tokens_per_s' in r:
+          best[r['verified']] = max(best.get(r['verified'], 0.0), r['tokens_per_s'])
+      if best:
+        xs = sorted(best)
+        ax.plot(xs, [best[x] for x in xs], marker='o', color=f'C{i}',
+                label={'tree': 'static tree'}.get(kind, kind))
+    ar = next((r for r in s['rows'] if r['variant'] == 'AR'), None)
+    if ar is not None:
+      ax.axhline(ar['tokens_per_s'], color='grey', ls='--', lw=1, label='AR')
+    ax.set_title(f"{pair} T={s['temperature']:g}", fontsize=9)
+    ax.set_xlabel('verified tokens per call (budget)')
+    ax.set_ylabel('tokens / s')
+    ax.legend(fontsize=7)
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+  plt.close(fig)
+  return path
 
 
 def main(argv=None) -> dict:
   args = parse_args(argv)
   result, gate = bc.run_pairs(args, run_pair)
+  if args.out:
+    result['plot'] = plot(result, os.path.splitext(args.out)[0] + '.png')
   result['summary'] = summary_line(result)
   bc.finish_load(gate, result, args.out)
   print(result['summary'])

@@ -38,7 +38,9 @@ JOBS: dict[str, tuple[list[str], bool]] = {
                            False),
     'bench_batch.refill': (['python experiments/bench_batch.py --refill --record {wait}'], False),
     'bench_adaptive': (['python experiments/bench_adaptive.py --record {wait}'], False),
-    'bench_tree': (['python experiments/bench_tree.py --record {wait}'], False),
+    'bench_tree': (['python experiments/bench_tree.py --record {wait}',
+                    'python experiments/bench_tree.py --draft=head --pairs=tiny --record {wait}'],
+                   False),
     'gpu_step': (['python experiments/gpu_step.py --shape=xxl --record {wait}'], True),
 }
 

@@ -304,28 +304,44 @@ def render_adaptive(records) -> str:
 TREE_CMD = 'python scripts/make_docs.py --only=bench_tree'
 
 
+def _tree_draft(rec) -> str:
+  return (rec.get('args') or {}).get('draft') or 'model'
+
+
 def render_trees(records) -> str:
-  recs = newest(records, 'bench_tree')
-  if not recs:
+  """One table per draft (the pair's small T5, the feature head): the newest record of each
+  host, every static and dynamic tree against the chain of its budget, and the run's summary."""
+  out, notes = [], []
+  for draft in ('model', 'head'):
+    recs = newest(records, 'bench_tree', lambda r, d=draft: _tree_draft(r) == d)
+    shown, note = detailed(recs)
+    notes.append(note)
+    for rec in shown:
+      rows = []
+      for pair in rec['figures'].get('pairs', []):
+        for s in pair['settings']:
+          chains = [r for r in s['rows'] if r['variant'].startswith('chain')
+                    and r.get('tokens_per_s')]
+          best = max((r['tokens_per_s'] for r in chains), default=None)
+          for r in s['rows']:
+            if r.get('vs_chain') is None:  # the chains and AR: the trees' references
+              continue
+            se = f" ± {r['se']:.3f}" if r.get('se') is not None else ''
+            rows.append([pair['pair'], f"{s['temperature']:g}", r['variant'], r['verified'],
+                         num(r.get('tokens_per_call')),
+                         num(r.get('vs_chain'), '.3f') + se if r.get('vs_chain') else '-',
+                         num(r['tokens_per_s'] / best if best and r.get('tokens_per_s')
+                             else None, '.2f', 'X'),
+                         num(r.get('vs_ar'), '.2f', 'X')])
+      summary = rec['figures'].get('summary')
+      draft_name = {'model': "the pair's small T5", 'head': 'the feature head'}[draft]
+      out.append(f"Draft: {draft_name}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
+          ['pair', 'T', 'tree', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
+           'tok/s vs best chain', 'speedup vs AR'], rows)
+                 + (f'\n\n`{summary}`' if summary else ''))
+  if not out:
     return missing(TREE_CMD)
-  out = []
-  shown, note = detailed(recs)
-  for rec in shown:
-    rows = []
-    for pair in rec['figures'].get('pairs', []):
-      for s in pair['settings']:
-        for r in s['rows']:
-          if r.get('vs_chain') is None:  # the chains and AR: the trees' references
-            continue
-          se = f" ± {r['se']:.3f}" if r.get('se') is not None else ''
-          rows.append([pair['pair'], f"{s['temperature']:g}", r['variant'], r['verified'],
-                       num(r.get('tokens_per_call')),
-                       num(r.get('vs_chain'), '.3f') + se if r.get('vs_chain') else '-',
-                       num(r.get('vs_ar'), '.2f', 'X')])
-    out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
-        ['pair', 'T', 'tree', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
-         'speedup vs AR'], rows))
-  return '\n\n'.join(out) + note
+  return '\n\n'.join(out) + ''.join(notes)
 
 
 PAIR_CMD = 'python scripts/make_docs.py --only=pair_eval'

@@ -117,12 +117,21 @@ def test_bench_adaptive(tmp_path, capsys):
   assert saved['summary'] == line and '| oracle | 4 | token |' in printed
 
 
-def test_bench_tree(tmp_path, capsys):
-  _, saved, printed = _run('bench_tree', tmp_path, capsys)
-  line = _summary_is_last(printed, 'summary: static-tree/chain tokens per call T=1 budget 4 ')
+@pytest.mark.parametrize('draft', ['model', 'head'])
+def test_bench_tree(tmp_path, capsys, draft):
+  _, saved, printed = _run('bench_tree', tmp_path, capsys, f'--draft={draft}')
+  line = _summary_is_last(printed, 'summary: dynamic/chain tokens per call T=1 budget 4 ')
+  assert '(goal 1.15; smoke: dynamic:4,2,2 vs chain 4)' in line
+  assert '; static-tree/chain tokens per call T=1 budget 4 ' in line
   assert '(goal 1.15; smoke: tree (2,1) vs chain 4)' in line
-  assert 'static-tree/best chain tok/s ' in line and '(goal 1.10; smoke: ' in line
-  assert saved['summary'] == line
+  assert 'dynamic/best chain tok/s ' in line and '(goal 1.10; smoke: ' in line
+  assert saved['summary'] == line and saved['pairs'][0]['draft'] == draft
+  rows = {r['variant']: r for s in saved['pairs'][0]['settings'] for r in s['rows']}
+  assert rows['dynamic:4,2,2']['verified'] == 4 and rows['dynamic:4,2,2']['vs_chain'] > 0
+  # Greedy: every variant emits the autoregressive tokens (token-identical decoding).
+  greedy = next(s for s in saved['pairs'][0]['settings'] if s['temperature'] == 0)
+  assert all(r['identical'] for r in greedy['rows'] if r['variant'] != 'AR')
+  assert saved['plot'] and os.path.exists(saved['plot'])
 
 
 def test_bench_compile(tmp_path, capsys):
