@@ -13,7 +13,7 @@ decodes the same test verses, one prompt per call:
   tree (b1,..)   a static tree: M = b1 + b1 b2 + .. verified nodes per call, depth D
   dynamic:M,b..  a dynamic tree (specjax.decoding.dynamic_tree): the draft expands the template
                  (b1, b2, ..), the target verifies the M nodes the draft rates most likely to be
-                 accepted, chosen per row and call
+                 accepted, chosen per row and call (':reach=L' the 'reach' score)
   AR             autoregressive decoding
 
 --draft=model drafts with the pair's small T5; --draft=head with the shipped feature head (the
@@ -53,9 +53,16 @@ COLUMNS = [
 ]
 STATS_COLUMNS = [c for c in COLUMNS
                  if c[0] not in ('tokens_per_s', 'vs_ar', 'ms', 'compile_s', 'identical')]
-# Budgets 4, 8 and 16: static trees, then dynamic trees over templates about 3-4x their budget.
-DEFAULT_TREES = ('(2,1);(2,1,1,1);(4,1);(2,3);(4,1,1,1);'
-                 'dynamic:4,3,2,1;dynamic:8,4,2,1;dynamic:8,3,2,2,1;dynamic:16,4,2,2,1')
+# Budgets 4, 8 and 16: a static tree, then dynamic trees over deep templates (the chain's depth
+# with a second candidate at the root or the first two levels), with the 'mass' score and with
+# 'reach=0.1' (a sharper acceptance estimate, better suited to a well-aligned draft such as the
+# feature head).
+DEFAULT_TREES = ';'.join([
+    '(2,1)', 'dynamic:4,2,1,1,1,1', 'dynamic:4,2,1,1,1,1:reach=0.1',
+    '(2,1,1,1)', 'dynamic:8,2,1,1,1,1,1,1,1', 'dynamic:8,2,1,1,1,1,1,1,1:reach=0.1',
+    'dynamic:8,2,2,1,1,1,1,1:reach=0.1',
+    '(2,1,1,1,1,1,1,1)', 'dynamic:16,2,2,1,1,1,1,1,1,1,1',
+    'dynamic:16,2,2,1,1,1,1,1,1,1,1:reach=0.1'])
 
 
 def parse_args(argv=None):

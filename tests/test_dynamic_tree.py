@@ -38,6 +38,16 @@ def test_dynamic_tree_spelling_and_errors():
     parse_tree('dynamic:4')
   with pytest.raises(ValueError, match='score must be one of'):
     DynamicTree(4, TEMPLATE, score='eagle')
+  reach = parse_tree('dynamic:4,3,2,1:reach=0.25')
+  assert reach == DynamicTree(4, TEMPLATE, 'reach', 0.25) and str(reach) == 'dynamic:4,3,2,1:reach=0.25'
+  assert parse_tree('dynamic:4,3,2,1:path').score == 'path' and parse_tree(str(reach)) == reach
+  assert parse_tree('dynamic:4,3,2,1:mass') == shape
+  with pytest.raises(ValueError, match=r'power \(reach=LAMBDA\) must be in \(0, 1\], got 0.0'):
+    parse_tree('dynamic:4,3,2,1:reach=0')
+  with pytest.raises(ValueError, match='expected reach=LAMBDA'):
+    parse_tree('dynamic:4,3,2,1:reach=x')
+  with pytest.raises(ValueError, match='only reach takes a value'):
+    parse_tree('dynamic:4,3,2,1:mass=2')
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -73,10 +83,12 @@ def closed(sel_BxM1, template):
   return bool(ok)
 
 
+@pytest.mark.parametrize('score', ['mass', 'reach=0.2', 'reach=1'])
 @pytest.mark.parametrize('greedy', [False, True])
-def test_mass_choice_is_closed_under_parents_and_earlier_siblings(greedy):
+def test_exact_choices_are_closed_under_parents_and_earlier_siblings(greedy, score):
   tokens, q, conf = random_template_proposal(0, greedy)
-  scores = dyn.inclusion_scores(tokens, q, conf, TEMPLATE, greedy, 'mass')
+  name, _, power = score.partition('=')
+  scores = dyn.inclusion_scores(tokens, q, conf, TEMPLATE, greedy, name, float(power or 1))
   for budget in range(1, TEMPLATE.nodes + 1):
     sel = dyn.choose(scores, budget)
     assert sel.shape == (tokens.shape[0], budget + 1)
@@ -100,6 +112,11 @@ def test_mass_scores_by_hand():
   np.testing.assert_allclose(s[0], [1.0, 0.3, 0.7, 0.1], rtol=1e-6)
   p = dyn.inclusion_scores(tokens, q, None, shape, False, 'path')
   np.testing.assert_allclose(p[0], [0.7, 0.1, 0.7, 0.1], rtol=1e-6)
+  # reach: h = q(x)^0.5; the root's children are tested with 1 and 1 - h(x_1); a child below
+  # with its parent's reach times h(parent).
+  h1, h2 = 0.7 ** 0.5, 0.1 ** 0.5
+  r = dyn.inclusion_scores(tokens, q, None, shape, False, 'reach', 0.5)
+  np.testing.assert_allclose(r[0], [1.0, 1 - h1, h1, (1 - h1) * h2], rtol=1e-6)
 
 
 # ----------------------------------------------------------------------------- the block
@@ -134,7 +151,7 @@ def test_greedy_dynamic_tree_is_token_identical_with_a_model_draft():
   rng = np.random.RandomState(3)
   ids = rng.randint(2, 12, (6, 5)).astype(np.int32)
   base = loop.autoregressive_decode(target, ids, max_new_tokens=12, eos_id=-1)
-  for tree in ('dynamic:4,3,2,1', 'dynamic:1,2,2', 'dynamic:7,2,2,2'):
+  for tree in ('dynamic:4,3,2,1', 'dynamic:1,2,2', 'dynamic:7,2,2,2', 'dynamic:5,2,1,1:reach=0.2'):
     out = loop.speculative_decode(target, draft, ids, tree=tree, max_new_tokens=12, eos_id=-1)
     np.testing.assert_array_equal(out.tokens, base.tokens, err_msg=tree)
     assert float(out.stats.nodes_per_target_call) == parse_tree(tree).budget
@@ -164,7 +181,10 @@ def test_greedy_dynamic_tree_control_is_detected():
 
 LAW = {'near/T1/(3,2,1):4': ('near', 'temp1', DynamicTree(4, TEMPLATE)),
        'far/T0.7/(3,2,1):4': ('far', 'temp0.7', DynamicTree(4, TEMPLATE)),
-       'near/T1/(4,1,1):5': ('near', 'temp1', DynamicTree(5, TreeShape((4, 1, 1))))}
+       'near/T1/(4,1,1):5': ('near', 'temp1', DynamicTree(5, TreeShape((4, 1, 1)))),
+       'near/T1/(3,2,1):4:reach=0.2': ('near', 'temp1', DynamicTree(4, TEMPLATE, 'reach', 0.2)),
+       'far/T0.7/(3,2,1):4:reach=0.2': ('far', 'temp0.7',
+                                        DynamicTree(4, TEMPLATE, 'reach', 0.2))}
 
 
 @pytest.mark.parametrize('name', list(LAW))
@@ -177,9 +197,11 @@ def test_dynamic_tree_follows_target_law(name):
   assert p > 1e-3, (name, p)
 
 
-@pytest.mark.parametrize('setting', ['temp1', 'temp0.7'])
-def test_dynamic_tree_with_the_head_follows_target_law(setting):
-  p, stats = fh.law_pvalue(tt.SETTINGS[setting], gamma=None, tree=DynamicTree(4, TEMPLATE))
+@pytest.mark.parametrize('setting,score', [('temp1', 'mass'), ('temp0.7', 'mass'),
+                                           ('temp1', 'reach')])
+def test_dynamic_tree_with_the_head_follows_target_law(setting, score):
+  tree = DynamicTree(4, TEMPLATE, score, 0.2 if score == 'reach' else 1.0)
+  p, stats = fh.law_pvalue(tt.SETTINGS[setting], gamma=None, tree=tree)
   print(f'head dynamic tree {setting}: p = {p:.3g}, alpha {stats.alpha:.3f}')
   assert p > 1e-3, p
 

@@ -31,7 +31,14 @@ siblings (their scores are <= I(j) and their indices higher), and every other no
 drawn independently of x_j given j's parent path and earlier siblings. So whether j is verified
 is decided without looking at x_j: given inclusion x_j is still distributed as its reported q_j,
 and recursive rejection sampling (which allows a node any number of children fixed that way, as a
-chain allows any stop rule) emits exactly the target's law. 'path' ranks by P(j) itself, EAGLE-2's
+chain allows any stop rule) emits exactly the target's law.
+
+The 'reach=LAMBDA' score (reach_scores) estimates each node's chance of being tested, taking an
+already drawn node k as accepted with h_k = q(x_k)^LAMBDA: reach(child 1 of pi) = reach(pi) h(pi),
+each later sibling times (1 - h) of the one before. It reads the same tokens as 'mass' and falls
+the same ways, so the same argument makes it exact. 'mass' (LAMBDA = 1 in effect) ranks a deep node
+of a confident chain below a root sibling too early for a well-aligned draft; a small LAMBDA keeps
+the chain deeper (bench_tree measures both, docs/performance.md). 'path' ranks by P(j) itself, EAGLE-2's
 rerank, which reads x_j's own probability: biased at temperature > 0 (tests/test_dynamic_tree.py
 shows it with the law test); at temperature 0 every selection is exact (the draft is a
 deterministic function of the prefix).
@@ -91,10 +98,35 @@ def own_and_left(tokens_BxMt1, q_BxMtxV, conf_BxMt, template: TreeShape, greedy:
   return jnp.concatenate(owns, axis=1), jnp.concatenate(lefts, axis=1)
 
 
+def reach_scores(own_BxMt, template: TreeShape, power: float):
+  """[B, Mt] 'reach': each node's estimated chance of being tested by recursive rejection
+  sampling, an ancestor or earlier sibling k taken to be accepted with h_k = q(x_k)^power:
+      reach(j) = reach(pi) h(pi) prod over j's earlier siblings k of (1 - h(x_k)).
+  Exact like 'mass' (module docstring): reach(j) reads x_j's ancestors and earlier siblings only,
+  and falls from parent to child (h <= 1) and along siblings, so the chosen set stays closed."""
+  b = own_BxMt.shape[0]
+  h_BxMt = jnp.clip(own_BxMt, 0.0, 1.0) ** power
+  parent_Mt = template.parent()[1:]
+  tested = [jnp.ones((b, 1), jnp.float32)]  # reach(j) h(j) per node, root first
+  out = []
+  for d, br in enumerate(template.branching):
+    lo, hi = template.level_start[d + 1] - 1, template.level_start[d + 2] - 1
+    h_BxKxb = h_BxMt[:, lo:hi].reshape(b, -1, br)
+    missed = jnp.concatenate([jnp.ones_like(h_BxKxb[:, :, :1]), 1.0 - h_BxKxb[:, :, :-1]], 2)
+    siblings_BxK = jnp.cumprod(missed, axis=2).reshape(b, -1)
+    reach_BxK = jnp.concatenate(tested, axis=1)[:, parent_Mt[lo:hi]] * siblings_BxK
+    out.append(reach_BxK)
+    tested.append(reach_BxK * h_BxMt[:, lo:hi])
+  return jnp.concatenate(out, axis=1)
+
+
 def inclusion_scores(tokens_BxMt1, q_BxMtxV, conf_BxMt, template: TreeShape, greedy: bool,
-                     score: str = 'mass'):
-  """[B, Mt] each template node's score: 'mass' I(j) = P(parent) R(j) (exact), 'path' P(j)."""
+                     score: str = 'mass', power: float = 1.0):
+  """[B, Mt] each template node's score: 'mass' I(j) = P(parent) R(j) and 'reach' (exact),
+  'path' P(j)."""
   own_BxMt, left_BxMt = own_and_left(tokens_BxMt1, q_BxMtxV, conf_BxMt, template, greedy)
+  if score == 'reach':
+    return reach_scores(own_BxMt, template, power)
   parent_Mt = template.parent()[1:]
   path = [jnp.ones(tokens_BxMt1[:, :1].shape, jnp.float32)]  # P per node, root first
   for d in range(template.depth):
@@ -149,7 +181,7 @@ class DynamicForm(Tree):
     del stop, limit_B, vocab
     prop = draft.propose_tree(state, st.seq, st.lengths, keys_B, self.template, sampling)
     scores_BxMt = inclusion_scores(prop.tokens_BxM1, prop.q_BxMxV, prop.conf_BxM, self.template,
-                                   sampling.greedy, self.shape.score)
+                                   sampling.greedy, self.shape.score, self.shape.power)
     return ChosenTree(tokens_BxM1=prop.tokens_BxM1, q_BxMxV=prop.q_BxMxV, passes=prop.passes,
                       state=prop.state, conf_BxM=prop.conf_BxM,
                       sel_BxM1=choose(scores_BxMt, self.shape.budget))

@@ -111,24 +111,27 @@ class Wide(TreeShape):
     super().__init__((int(k),) + (1,) * (int(depth) - 1))
 
 
-SCORES = ('mass', 'path')
+SCORES = ('mass', 'reach', 'path')
 
 
 @register('dynamic')
 @dataclasses.dataclass(frozen=True)
 class DynamicTree:
-  """'dynamic:M,b1,b2,..': per row and iteration, the M nodes of the drafted template tree
+  """'dynamic:M,b1,b2,..[:SCORE]': per row and iteration, the M nodes of the drafted template tree
   (b1, b2, ..) that the draft rates most likely to be accepted (specjax.decoding.dynamic_tree).
 
   The draft expands the whole template; the target verifies only M + 1 nodes (a compiled block of
   fixed size, its shape chosen per row), so M is the verify budget and the template bounds the
-  shapes it can take. `score` 'mass' is exact; 'path' (EAGLE-2's path probability, which looks at
-  each node's own token) is biased at temperature > 0 and kept for research and as a negative
-  control.
+  shapes it can take. `score` (spelled after a second ':'): 'mass' (the default) and
+  'reach=LAMBDA' (`power` LAMBDA in (0, 1]: each node's estimated chance of being tested, an
+  ancestor's acceptance taken as q(x)^LAMBDA) are exact; 'path' (EAGLE-2's path probability,
+  which looks at each node's own token) is biased at temperature > 0 and kept for research and as
+  a negative control.
   """
   budget: int
   template: TreeShape
   score: str = 'mass'
+  power: float = 1.0
 
   def __post_init__(self):
     if not isinstance(self.template, TreeShape):
@@ -141,14 +144,30 @@ class DynamicTree:
     object.__setattr__(self, 'budget', int(self.budget))
     if self.score not in SCORES:
       raise ValueError(f'dynamic tree score must be one of {SCORES}, got {self.score!r}')
+    if (isinstance(self.power, bool) or not isinstance(self.power, (int, float, np.floating))
+        or not 0 < self.power <= 1):
+      raise ValueError(f'dynamic tree power (reach=LAMBDA) must be in (0, 1], got {self.power!r}')
+    object.__setattr__(self, 'power', float(self.power))
 
   @classmethod
   def from_spec(cls, arg: str) -> DynamicTree:
-    """'M,b1,b2,..' (the budget, then the template's branching)."""
+    """'M,b1,b2,..' (the budget, then the template's branching), then optionally ':mass',
+    ':path' or ':reach=LAMBDA'."""
+    arg, _, score = arg.partition(':')
     nums = [int(x) for x in arg.split(',')]
     if len(nums) < 2:
       raise ValueError('expected dynamic:BUDGET,b1,b2,.. (a budget and a template)')
-    return cls(nums[0], TreeShape(tuple(nums[1:])))
+    name, _, power = score.strip().partition('=')
+    if name == 'reach':
+      try:
+        return cls(nums[0], TreeShape(tuple(nums[1:])), 'reach', float(power))
+      except ValueError as e:
+        if 'power' in str(e):
+          raise
+        raise ValueError(f'expected reach=LAMBDA with LAMBDA in (0, 1], got {score!r}') from None
+    if power:
+      raise ValueError(f'only reach takes a value (reach=LAMBDA), got {score!r}')
+    return cls(nums[0], TreeShape(tuple(nums[1:])), name or 'mass')
 
   @property
   def depth(self) -> int:
@@ -164,7 +183,8 @@ class DynamicTree:
     return self.template.branching
 
   def __str__(self) -> str:
-    return f'dynamic:{self.budget},' + ','.join(map(str, self.branching))
+    score = {'mass': '', 'reach': f':reach={self.power:g}'}.get(self.score, f':{self.score}')
+    return f'dynamic:{self.budget},' + ','.join(map(str, self.branching)) + score
 
 
 def parse_tree(spec) -> TreeShape | DynamicTree:
