@@ -91,21 +91,12 @@ def parse_args(argv=None):
   return args
 
 
-def parse_trees(text):
-  """--trees: ';'-separated trees (a branching tuple or 'dynamic:M,b1,..'), or the older
-  '((2,1,1,1), (4,1))' form."""
-  from specjax.decoding import shapes  # pylint: disable=import-outside-toplevel
-  if ';' in text:
-    return tuple(shapes.parse_tree(t) for t in text.split(';') if t.strip())
-  return shapes.parse_trees(text)
-
-
 def variants(args):
   """[(name, kind, argument, verified tokens per call, depth)]; kind chain, tree or dynamic."""
-  from specjax.decoding.shapes import DynamicTree  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import shapes  # pylint: disable=import-outside-toplevel
   out = [(f'chain {g}', 'chain', int(g), int(g), int(g)) for g in args.gammas.split(',')]
-  for shape in parse_trees(args.trees):
-    if isinstance(shape, DynamicTree):
+  for shape in shapes.parse_trees(args.trees):
+    if isinstance(shape, shapes.DynamicTree):
       out.append((str(shape), 'dynamic', shape, shape.nodes, shape.depth))
     else:
       out.append((f'tree {shape}', 'tree', shape.branching, shape.nodes, shape.depth))

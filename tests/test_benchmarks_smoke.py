@@ -134,6 +134,15 @@ def test_bench_tree(tmp_path, capsys, draft):
   assert saved['plot'] and os.path.exists(saved['plot'])
 
 
+def test_tree_step_cost(tmp_path, capsys):
+  _, saved, printed = _run('tree_step_cost', tmp_path, capsys, '--temps=1')
+  rows = saved['pairs'][0]['settings'][0]['rows']
+  assert [r['form'] for r in rows] == ['chain 4', 'tree (2,1)', 'dynamic:4,2,2',
+                                       'target 1-token step']
+  assert rows[0]['vs_chain'] == 1.0 and all(r['step'] > 0 for r in rows)
+  assert '| step / chain step |' in printed
+
+
 def test_bench_compile(tmp_path, capsys):
   _, saved, printed = _run('bench_compile', tmp_path, capsys)
   assert [s['new_traces'] for s in saved['sweep']][1] == 0  # second pass: nothing retraced

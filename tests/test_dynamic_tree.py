@@ -32,6 +32,9 @@ def test_dynamic_tree_spelling_and_errors():
   assert shape == DynamicTree(4, TEMPLATE) and str(shape) == 'dynamic:4,3,2,1'
   assert (shape.depth, shape.nodes, shape.branching) == (3, 4, (3, 2, 1))
   assert parse_trees("('dynamic:4,3,2,1', (2, 2))") == (shape, TreeShape((2, 2)))
+  assert parse_trees('dynamic:4,3,2,1; (2,2);') == (shape, TreeShape((2, 2)))
+  with pytest.raises(ValueError, match='at least one tree'):
+    parse_trees(';')
   with pytest.raises(ValueError, match='budget must be an integer in 1 .. 15'):
     parse_tree('dynamic:16,3,2,1')
   with pytest.raises(ValueError, match='a budget and a template'):

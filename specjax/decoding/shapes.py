@@ -211,7 +211,13 @@ def parse_tree(spec) -> TreeShape | DynamicTree:
 
 
 def parse_trees(spec) -> tuple[TreeShape | DynamicTree, ...]:
-  """Several trees: '((3,2,1), (2,2,2,1))', a list of tuples, or one tree."""
+  """Several trees: '(3,2,1);dynamic:8,2,1,1,1' (';'-separated), '((3,2,1), (2,2,2,1))', a list
+  of trees, or one tree."""
+  if isinstance(spec, str) and ';' in spec:
+    trees = tuple(parse_tree(s) for s in spec.split(';') if s.strip())
+    if not trees:
+      raise ValueError(f'trees must name at least one tree, got {spec!r}')
+    return trees
   if isinstance(spec, str) and ':' in spec and not spec.strip().startswith('('):
     return (parse_tree(spec),)
   if isinstance(spec, str):

@@ -45,8 +45,9 @@ class RunSpec:
                                   '(gamma = G_MAX)')
   verifiers: tuple[str, ...] = option(('token',), "'token' (the paper's rule) and/or 'block' "
                                       '(block verification, Sun et al. 2025)')
-  trees: str = option('', "token trees beside the gammas, e.g. '((3,2,1), (2,2,2,1))': one cell "
-                      'per tree (branching per depth; gamma = depth; model drafts; '
+  trees: str = option('', "token trees beside the gammas, e.g. '(3,2,1);dynamic:8,2,1,1,1,1,1,1,1' "
+                      "or '((3,2,1), (2,2,2,1))': one cell per tree (branching per depth, or a "
+                      'dynamic tree dynamic:BUDGET,b1,..[:reach=L]; gamma = depth; '
                       'specjax.decoding.tree)')
   top_k: int = option(0, 'top-k filtering (0 = off)')
   top_p: float = option(1.0, 'nucleus filtering (1 = off)')
