@@ -277,34 +277,42 @@ ADAPTIVE_CMD = 'python scripts/make_docs.py --only=bench_adaptive'
 
 
 def render_adaptive(records) -> str:
-  recs = newest(records, 'bench_adaptive')
-  if not recs:
+  """One table per draft (the pair's small T5, the feature head): the newest record of each
+  host."""
+  out, notes = [], []
+  for draft in ('model', 'head'):
+    recs = newest(records, 'bench_adaptive', lambda r, d=draft: _draft_of(r) == d)
+    shown, note = detailed(recs)
+    notes.append(note)
+    for rec in shown:
+      rows = []
+      for pair in rec['figures'].get('pairs', []):
+        for s in pair['settings']:
+          by = {r['variant']: r for r in s['rows']}
+          fixed = by.get(s.get('best_fixed'), {})
+          rows.append([pair['pair'], s['batch'], f"{s['temperature']:g}", num(s.get('c'), '.3f'),
+                       f"{s.get('best_fixed')} ({num(fixed.get('tokens_per_s'), '.0f')} tok/s)",
+                       s.get('best_rule') or '-', num(s.get('rule_vs_fixed'), '.3f', 'X'),
+                       num(s.get('oracle_vs_fixed'), '.3f', 'X'),
+                       f"{num(s.get('oracle_share'), '.2f')} ({s.get('oracle_token_rule') or '-'})",
+                       num(s.get('block_ratio_min'), '.3f')])
+      out.append(f"Draft: {DRAFT_NAMES[draft]}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
+          ['pair', 'B', 'T', 'c', 'best fixed gamma', 'best exact stop rule', 'rule / fixed',
+           'oracle / fixed', "oracle share (best token rule)",
+           'block / token verification, tok/call (min over gamma >= 4)'], rows))
+  if not out:
     return missing(ADAPTIVE_CMD)
-  out = []
-  shown, note = detailed(recs)
-  for rec in shown:
-    rows = []
-    for pair in rec['figures'].get('pairs', []):
-      for s in pair['settings']:
-        by = {r['variant']: r for r in s['rows']}
-        fixed = by.get(s.get('best_fixed'), {})
-        rows.append([pair['pair'], s['batch'], f"{s['temperature']:g}", num(s.get('c'), '.3f'),
-                     f"{s.get('best_fixed')} ({num(fixed.get('tokens_per_s'), '.0f')} tok/s)",
-                     s.get('best_rule') or '-', num(s.get('rule_vs_fixed'), '.3f', 'X'),
-                     num(s.get('oracle_vs_fixed'), '.3f', 'X'),
-                     f"{num(s.get('oracle_share'), '.2f')} ({s.get('oracle_token_rule') or '-'})",
-                     num(s.get('block_ratio_min'), '.3f')])
-    out.append(f"{host_cell(rec)} ({stamp(rec)}):\n\n" + table(
-        ['pair', 'B', 'T', 'c', 'best fixed gamma', 'best exact stop rule', 'rule / fixed',
-         'oracle / fixed', "oracle share (best token rule)",
-         'block / token verification, tok/call (min over gamma >= 4)'], rows))
-  return '\n\n'.join(out) + note
+  return '\n\n'.join(out) + ''.join(notes)
 
 
 TREE_CMD = 'python scripts/make_docs.py --only=bench_tree'
 
 
-def _tree_draft(rec) -> str:
+DRAFT_NAMES = {'model': "the pair's small T5", 'head': 'the feature head'}
+
+
+def _draft_of(rec) -> str:
+  """The draft a bench_tree / bench_adaptive record measured ('model' before --draft existed)."""
   return (rec.get('args') or {}).get('draft') or 'model'
 
 
@@ -313,7 +321,7 @@ def render_trees(records) -> str:
   host, every static and dynamic tree against the chain of its budget, and the run's summary."""
   out, notes = [], []
   for draft in ('model', 'head'):
-    recs = newest(records, 'bench_tree', lambda r, d=draft: _tree_draft(r) == d)
+    recs = newest(records, 'bench_tree', lambda r, d=draft: _draft_of(r) == d)
     shown, note = detailed(recs)
     notes.append(note)
     for rec in shown:
@@ -334,8 +342,7 @@ def render_trees(records) -> str:
                              else None, '.2f', 'X'),
                          num(r.get('vs_ar'), '.2f', 'X')])
       summary = rec['figures'].get('summary')
-      draft_name = {'model': "the pair's small T5", 'head': 'the feature head'}[draft]
-      out.append(f"Draft: {draft_name}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
+      out.append(f"Draft: {DRAFT_NAMES[draft]}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
           ['pair', 'T', 'tree', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
            'tok/s vs best chain', 'speedup vs AR'], rows)
                  + (f'\n\n`{summary}`' if summary else ''))
