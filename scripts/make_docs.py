@@ -37,10 +37,15 @@ JOBS: dict[str, tuple[list[str], bool]] = {
     'bench_transformers': (['python experiments/bench_transformers.py --int8 --ct2=float32,int8 --record {wait}'],
                            False),
     'bench_batch.refill': (['python experiments/bench_batch.py --refill --record {wait}'], False),
-    'bench_adaptive': (['python experiments/bench_adaptive.py --record {wait}'], False),
+    'bench_adaptive': (['python experiments/bench_adaptive.py --record {wait}',
+                        'python experiments/bench_adaptive.py --draft=head --pairs=tiny --record '
+                        '{wait}'], False),
     'bench_tree': (['python experiments/bench_tree.py --record {wait}',
                     'python experiments/bench_tree.py --draft=head --pairs=tiny --record {wait}'],
                    False),
+    'tree_step_cost': (['python experiments/tree_step_cost.py --record {wait}',
+                        'python experiments/tree_step_cost.py --draft=head --record {wait}'],
+                       False),
     'gpu_step': (['python experiments/gpu_step.py --shape=xxl --record {wait}'], True),
 }
 

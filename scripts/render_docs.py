@@ -351,6 +351,36 @@ def render_trees(records) -> str:
   return '\n\n'.join(out) + ''.join(notes)
 
 
+TREE_COST_CMD = 'python scripts/make_docs.py --only=tree_step_cost'
+
+
+def render_tree_cost(records) -> str:
+  """One iteration's cost by piece, chain against trees: the newest host, both drafts."""
+  out, notes = [], []
+  rows = []
+  shown_recs = []
+  for draft in ('model', 'head'):
+    recs = newest(records, 'tree_step_cost', lambda r, d=draft: _draft_of(r) == d)
+    shown, note = detailed(recs)
+    notes.append(note)
+    for rec in shown:
+      shown_recs.append(rec)
+      for pair in rec['figures'].get('pairs', []):
+        for s in pair['settings']:
+          for r in s['rows']:
+            rows.append([DRAFT_NAMES[draft], f"{s['temperature']:g}", r['form'],
+                         num(r.get('propose')), num(r.get('score')), num(r.get('verify')),
+                         num(r.get('step')), num(r.get('vs_chain'), '.2f', 'X'),
+                         num(r.get('vs_target'), '.2f')])
+  if not rows:
+    return missing(TREE_COST_CMD)
+  hosts = '; '.join(dict.fromkeys(f"{host_cell(r)} ({stamp(r)})" for r in shown_recs))
+  out.append(f"{hosts}:\n\n" + table(
+      ['draft', 'T', 'form', 'propose ms', 'score ms', 'verify ms', 'step ms', 'step / chain step',
+       'step / target step'], rows))
+  return '\n\n'.join(out) + ''.join(dict.fromkeys(notes))
+
+
 PAIR_CMD = 'python scripts/make_docs.py --only=pair_eval'
 
 
@@ -485,6 +515,7 @@ FIGURES: dict[str, Figure] = {
     'refill': Figure(render_refill, REFILL_CMD, 'bench_batch'),
     'adaptive': Figure(render_adaptive, ADAPTIVE_CMD, 'bench_adaptive'),
     'trees': Figure(render_trees, TREE_CMD, 'bench_tree'),
+    'tree-cost': Figure(render_tree_cost, TREE_COST_CMD, 'tree_step_cost'),
     'pair-quality': Figure(render_pair_quality, PAIR_CMD, 'pair_eval'),
     'gpu-steps': Figure(render_gpu_steps, GPU_CMD, 'gpu_step'),
     'gpu-end2end': Figure(render_gpu_end2end, GPU_CMD, 'gpu_step'),

@@ -135,6 +135,10 @@ def test_every_region_renders_from_fake_records(tmp_path):
       'bench_tree': {'pairs': [{'pair': 'tiny', 'settings': [{'temperature': 1.0, 'rows': [
           {'variant': 'tree (2,1)', 'verified': 3, 'tokens_per_call': 2.2, 'vs_chain': 1.1,
            'se': 0.02, 'vs_ar': 1.3}, {'variant': 'AR', 'verified': 0}]}]}]},
+      'tree_step_cost': {'pairs': [{'pair': 'tiny', 'settings': [{'temperature': 1.0, 'rows': [
+          {'form': 'chain 8', 'propose': 1.0, 'score': 2.0, 'verify': 0.2, 'step': 3.5,
+           'vs_chain': 1.0, 'vs_target': 2.5},
+          {'form': 'target 1-token step', 'step': 1.4, 'vs_target': 1.0}]}]}]},
       'pair_eval': {'rows': [{'draft': 'target', 'kind': 'T5', 'params_m': 24.3, 'bleu': 13.0},
                              {'draft': 'draft', 'kind': 'T5', 'params_m': 1.6, 'bleu': 7.0,
                               'alpha_t0': 0.5, 'tpc_t0': 2.0, 'alpha_t1': 0.5, 'tpc_t1': 2.0,
