@@ -37,7 +37,7 @@ setup(
     ],
     extras_require={
         # torch: install the CPU build first (pip install torch==2.13.0) or pip pulls a CUDA build.
-        'test': ['pytest>=8', 'pytest-xdist>=3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1,<3',
+        'test': ['pytest>=8', 'pytest-xdist>=3', 'pytest-timeout>=2.3', 'chex>=0.1.86', 'scipy>=1.11', 'torch>=2.1,<3',
                  'nbformat>=5.9', 'nbclient>=0.9', 'ipykernel>=6', 'nbconvert>=7'],
         # The CPU peer of experiments/bench_transformers.py (CTranslate2's own converter and
         # decoder on the same weights); the tests check its tokens against specjax's.

@@ -77,7 +77,7 @@ def measure(target, draft, prompt_1xS, temperature, args) -> list[dict]:
   from specjax.decoding import acceptance, engine, stopping  # pylint: disable=import-outside-toplevel
   from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
   from specjax.decoding.model_draft import as_draft  # pylint: disable=import-outside-toplevel
-  from specjax.decoding.tree import as_tree_draft  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.tree_form import as_tree_draft  # pylint: disable=import-outside-toplevel
 
   sampling = Sampling(temperature=temperature)
   verifier, stop = acceptance.verifier_for('token'), stopping.Fixed()

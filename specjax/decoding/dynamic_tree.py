@@ -57,7 +57,7 @@ from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.protocol import TreeProposal
 from specjax.decoding.shapes import DynamicTree, TreeShape
 from specjax.decoding.stats import Verdict
-from specjax.decoding.tree import Tree
+from specjax.decoding.tree_form import Tree
 
 
 @struct.dataclass

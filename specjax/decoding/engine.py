@@ -18,7 +18,7 @@ Rolling back rejected tokens is just the new, smaller length. Rows advance by di
 finished rows keep their tokens and lengths. What the loops add is where the keys come from, the
 trace, the tree's shape and the queue.
 
-A `form` says what a proposal looks like: `Chain(gamma)` here, `tree.Tree(shape)` for trees. It
+A `form` says what a proposal looks like: `Chain(gamma)` here, `tree_form.Tree(shape)` for trees. It
 has `width`, `block_len` (cache slots a block needs) and six small methods (propose, score,
 verify, flags, commit, settle) that block_step calls in order.
 
