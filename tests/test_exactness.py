@@ -25,7 +25,8 @@ import pytest
 from flax import struct
 
 from chi2 import chi2_pvalue  # tests/chi2.py
-from specjax.decoding import acceptance, protocol
+from test_feature_head import reused_step_noise  # tests/test_feature_head.py
+from specjax.decoding import acceptance
 from specjax.decoding.loop import speculative_decode
 from specjax.decoding.drafts import ModelDraft
 from specjax.decoding.sampling import Sampling, probs, sample
@@ -169,17 +170,14 @@ def test_negative_controls_are_detected(name):
 @struct.dataclass
 class ReusedNoiseDraft(ModelDraft):
   """(d) A ModelDraft of its own class, so that its program is its own and is traced while
-  `reuse_step_noise` is in force."""
+  `reused_step_noise` is in force."""
 
 
-def reuse_step_noise(monkeypatch):
-  """Every draft step samples with step 0's Gumbel noise: each draft token alone is still a draw
-  from its q, but the block's tokens are dependent, so q is not the law they were drawn from
-  given the earlier drafts."""
-  monkeypatch.setattr(protocol, 'step_noise', lambda gumbel_BxGxV, k: gumbel_BxGxV[:, 0])
-
-
-def test_reused_draft_noise_is_detected(monkeypatch):
-  reuse_step_noise(monkeypatch)
-  p, _ = law_pvalue('control:reused_draft_noise', SETTINGS['temp1'], draft_cls=ReusedNoiseDraft)
+def test_reused_draft_noise_is_detected():
+  # Every draft step samples with step 0's noise: each draft token alone is still a draw from its
+  # q, but the block's tokens are dependent, so q is not the law they were drawn from given the
+  # earlier drafts.
+  with reused_step_noise():
+    p, _ = law_pvalue('control:reused_draft_noise', SETTINGS['temp1'],
+                      draft_cls=ReusedNoiseDraft)
   assert p < 1e-6, p

@@ -147,9 +147,9 @@ def test_head_with_block_verification_follows_target_law():
   assert p > 1e-3, p
 
 
-def test_head_with_block_verification_reused_noise_is_detected(monkeypatch):
-  fh.reuse_step_noise(monkeypatch)
-  p, _ = fh.law_pvalue(T1, verifier='block', draft_cls=fh.ReusedNoiseHead)
+def test_head_with_block_verification_reused_noise_is_detected():
+  with fh.reused_step_noise():
+    p, _ = fh.law_pvalue(T1, verifier='block', draft_cls=fh.ReusedNoiseHead)
   print(f'head + block verification, control reused noise: p = {p:.3g}')
   assert p < 1e-6, p
 

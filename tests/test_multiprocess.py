@@ -131,13 +131,19 @@ def test_two_processes_match_one_process(tmp_path):
   target, draft = pair()
   save_t5(target, str(tmp_path / 'target'))
   port = _free_port()
-  env = {k: v for k, v in os.environ.items() if k not in ('XLA_FLAGS', 'JAX_COORDINATOR_ADDRESS')}
+  # No persistent compilation cache on either side of this test: a pytest worker process
+  # crashed (SIGSEGV) inside jax's cache write for the reference decode below while the two
+  # distributed workers were writing to the same shared cache directory.
+  env = {k: v for k, v in os.environ.items()
+         if k not in ('XLA_FLAGS', 'JAX_COORDINATOR_ADDRESS', 'JAX_COMPILATION_CACHE_DIR')}
   procs = [subprocess.Popen([sys.executable, __file__, str(i), str(port), str(tmp_path)], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
            for i in range(2)]
   try:
     # Meanwhile, the reference in this process (one device).
-    want = decode_all(target, draft, inputs(), np.asarray)
+    from jax._src import config as jax_config  # pylint: disable=import-outside-toplevel
+    with jax_config.enable_compilation_cache(False):
+      want = decode_all(target, draft, inputs(), np.asarray)
     logs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
   finally:
     for p in procs:  # bounded in time: never leave a worker behind
