@@ -47,6 +47,8 @@ def test_dynamic_tree_spelling_and_errors():
   assert parse_tree('dynamic:4,3,2,1:mass') == shape
   with pytest.raises(ValueError, match=r'power \(reach=LAMBDA\) must be in \(0, 1\], got 0.0'):
     parse_tree('dynamic:4,3,2,1:reach=0')
+  with pytest.raises(ValueError, match="power applies to score 'reach' only, got score 'mass'"):
+    DynamicTree(8, TreeShape((2, 1, 1, 1, 1)), 'mass', 0.5)
   with pytest.raises(ValueError, match='expected reach=LAMBDA'):
     parse_tree('dynamic:4,3,2,1:reach=x')
   with pytest.raises(ValueError, match='only reach takes a value'):

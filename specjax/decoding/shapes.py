@@ -148,6 +148,9 @@ class DynamicTree:
         or not 0 < self.power <= 1):
       raise ValueError(f'dynamic tree power (reach=LAMBDA) must be in (0, 1], got {self.power!r}')
     object.__setattr__(self, 'power', float(self.power))
+    if self.score != 'reach' and self.power != 1.0:  # it would be ignored: say so
+      raise ValueError(f"dynamic tree power applies to score 'reach' only, got score "
+                       f'{self.score!r} with power {self.power:g}')
 
   @classmethod
   def from_spec(cls, arg: str) -> DynamicTree:
