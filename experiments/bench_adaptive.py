@@ -12,6 +12,13 @@ batches of B, right-padded to one source length, so each variant is one compiled
                verification is token verification)
   RULE         each --rules stop rule at gamma = --g_max, token and (T > 0) block verification;
                'alpha' gets the measured c, 'budget' c and the measured block cost curve
+  learned      (--fit_n > 0) the learned stop rule (stopping.Learned, SpecDec++-style), fitted
+               for this (pair, draft, B, T) on --fit_n DEV verses before the timed runs: a traced
+               fixed-G_MAX run logs each draft's features and beta, a logistic regression
+               predicts beta, and the threshold on the predicted prod a_<=k is the one with the
+               best tokens per cost on that log, the cost being the block the loop verifies +
+               n c (specjax.decoding.acceptance_predictor); written beside --out as
+               OUT.learned.PAIR.B<B>.T<T>.json, reusable as --rules=learned:FILE
   argmax g     (T > 0, model draft) the draft proposes its argmax with q one-hot
                (ModelDraft(argmax=True))
   AR           autoregressive decoding (the speedup's reference)
@@ -117,6 +124,8 @@ def parse_args(argv=None):
   p.add_argument('--draft', default='model', choices=('model', 'head'),
                  help="the pair's small T5 draft, or the feature head on the target's features")
   p.add_argument('--argmax_gammas', default='3', help='(T > 0) argmax-draft gammas')
+  p.add_argument('--fit_n', type=int, default=32,
+                 help="dev verses the 'learned' rule is fitted on (0: no learned rule)")
   p.add_argument('--n', type=int, default=16, help='prompts (test verses)')
   p.add_argument('--max_new_tokens', type=int, default=48)
   p.add_argument('--repeats', type=int, default=3)
@@ -128,6 +137,7 @@ def parse_args(argv=None):
   if a.smoke:
     a.pairs, a.batches, a.n, a.max_new_tokens, a.repeats, a.stat_seeds = 'smoke', '2', 4, 8, 1, 2
     a.gammas, a.block_gammas, a.g_max, a.rules, a.argmax_gammas = '1,4', '4', 4, 'alpha,budget', '2'
+    a.fit_n = 4
   return a
 
 
@@ -135,9 +145,10 @@ def ints(text):
   return [int(x) for x in str(text).split(',') if x.strip()]
 
 
-def variants_for(temperature, args, c, block_cost):
+def variants_for(temperature, args, c, block_cost, learned=None):
   """[(name, gamma, verifier, stop rule or None, argmax draft)] for one temperature.
-  block_cost: {gamma: measured block cost}, at least 1 .. --g_max ('budget' reads the curve)."""
+  block_cost: {gamma: measured block cost}, at least 1 .. --g_max ('budget' reads the curve);
+  `learned` the fitted stopping.Learned rule (or None)."""
   from specjax import stopping  # pylint: disable=import-outside-toplevel
   sampled = temperature > 0
   curve = (1.0,) + tuple(float(block_cost[g]) for g in range(1, args.g_max + 1))
@@ -149,6 +160,10 @@ def variants_for(temperature, args, c, block_cost):
     out.append((text, args.g_max, 'token', rule, False))
     if sampled:
       out.append((f'{text} blk', args.g_max, 'block', rule, False))
+  if learned is not None:
+    out.append(('learned', args.g_max, 'token', learned, False))
+    if sampled:
+      out.append(('learned blk', args.g_max, 'block', learned, False))
   if sampled and args.draft == 'model':
     out += [(f'argmax {g}', g, 'token', None, True) for g in ints(args.argmax_gammas)]
   return out
@@ -167,6 +182,30 @@ def verified_block_cost(proposed_hist, gamma, stop, block_cost) -> float:
   per_n = [cost[min(w for w in widths if w > n) - 1] for n in range(gamma + 1)]
   hist = np.asarray(proposed_hist, np.float64)
   return float(hist @ np.asarray(per_n) / max(hist.sum(), 1.0))
+
+
+def fit_learned(target, draft, prompts_NxS, *, batch, temperature, args, c, block_cost, path,
+                log=print):
+  """(the learned stop rule fitted on `prompts_NxS` (dev verses), its report): module
+  docstring. Saved at `path` when given."""
+  from specjax import stopping  # pylint: disable=import-outside-toplevel
+  from specjax.decoding import acceptance_predictor  # pylint: disable=import-outside-toplevel
+  curve = (1.0,) + tuple(float(block_cost[g]) for g in range(1, args.g_max + 1))
+  costs = stopping.Budget(c=c, block_costs=curve).costs(args.g_max)
+  logged = acceptance_predictor.record(
+      target, draft, prompts_NxS, gamma=args.g_max, temperature=temperature, batch=batch,
+      max_new_tokens=args.max_new_tokens, rng=7919)
+  rule, report = acceptance_predictor.fit(logged, costs, source=path or '')
+  if path:
+    rule.save(path, fitted_on=f'{prompts_NxS.shape[0]} dev verses', batch=batch,
+              temperature=temperature, g_max=args.g_max, c=c, costs=list(costs), **{
+                  k: v for k, v in report.items() if k != 'fixed_rates'})
+  log(f"learned rule: fitted on {report['iterations']} logged iterations of "
+      f"{prompts_NxS.shape[0]} dev verses; threshold {rule.threshold:.2f}, mean length "
+      f"{report['mean_length']:.2f}; on its log {report['vs_best_fixed']:.3f}x the best fixed "
+      f"gamma ({report['best_fixed']}) in tokens per cost; Brier {report['brier']:.4f} vs "
+      f"{report['brier_constant']:.4f} for a constant")
+  return rule, report
 
 
 def _summ(stats_list):
@@ -294,10 +333,18 @@ def run_pair(name, args, gate=None, log=print) -> dict:
     log(f"batch {batch}: c = {c:.3f}; block cost (G+1 vs 1 token): "
         + ', '.join(f'{g}: {block_cost[g]:.2f}' for g in gammas))
     for temperature in [float(t) for t in args.temps.split(',')]:
+      learned, learned_report = None, None
+      if args.fit_n:
+        path = (f'{os.path.splitext(args.out)[0]}.learned.{name}.B{batch}.T{temperature:g}.json'
+                if args.out else None)
+        learned, learned_report = fit_learned(
+            target, draft, bc.dev_prompts(name, args.fit_n, target, smoke=(name == 'smoke')),
+            batch=batch, temperature=temperature, args=args, c=c, block_cost=block_cost,
+            path=path, log=log)
       start = gate.mark() if gate is not None else None
       rows, block_rows = compare(
           target, draft, np.asarray(padded), batch=batch, temperature=temperature,
-          variants=variants_for(temperature, args, c, block_cost),
+          variants=variants_for(temperature, args, c, block_cost, learned),
           max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
       oracle = {}
@@ -311,7 +358,8 @@ def run_pair(name, args, gate=None, log=print) -> dict:
             length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
-                     block_vs_token=block_rows, **summarise(rows, block_rows), **oracle)
+                     block_vs_token=block_rows, learned=learned_report,
+                     **summarise(rows, block_rows), **oracle)
       log(f'\n{name}, batch {batch}, T = {temperature:g}, {len(ids)} prompts x '
           f'{args.max_new_tokens} new tokens')
       log(bc.markdown_table(rows, COLUMNS))

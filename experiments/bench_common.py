@@ -473,6 +473,15 @@ def load_bench_pair(which: str, n: int, *, smoke: bool = False) -> BenchPair:
   return BenchPair(target, draft, desc, padded, ids)
 
 
+def dev_prompts(which: str, n: int, target, *, smoke: bool = False):
+  """n dev verses as padded int32 [n, S] for `which` pair's target: verses apart from the test
+  verses the benchmarks time, for what a benchmark fits (bench_adaptive's learned stop rule)."""
+  tdir, _, _ = resolve_pair(which, smoke=smoke)
+  padded, _, _ = load_prompts(n, target.config.vocab_size, tdir, eos_id=target.config.eos_token_id,
+                              split='dev')
+  return padded
+
+
 def head_draft(pair: str, target):
   """(the feature head draft for `pair`'s target, its description): the shipped tiny pair's head
   with its 2582-id draft vocabulary (configs/tiny.py), or a random head for the smoke pair."""
@@ -502,17 +511,17 @@ def load_pair_jax(target_dir, draft_dir, dtype=None):
 # ----------------------------------------------------------------------------- prompts
 
 
-def _test_records(n: int) -> list[dict]:
+def _test_records(n: int, split: str = 'test') -> list[dict]:
   try:
     from specjax import data  # pylint: disable=import-outside-toplevel
-    pairs = data.load_pairs('test')
+    pairs = data.load_pairs(split)
     recs = [dict(p) if isinstance(p, dict) else {'en': p[0], 'es': p[1]} for p in pairs]
     if recs:
       return recs[:n]
   except Exception:  # pylint: disable=broad-except  # module absent or still being written
     pass
   recs = []
-  with gzip.open(BIBLE / 'test.jsonl.gz', 'rt', encoding='utf-8') as f:
+  with gzip.open(BIBLE / f'{split}.jsonl.gz', 'rt', encoding='utf-8') as f:
     for line in f:
       if line.strip():
         recs.append(json.loads(line))
@@ -546,15 +555,15 @@ def _bible_tokenizer():
 
 
 def load_prompts(n: int, vocab_size: int, target_dir=None, max_len: int = 64, eos_id: int = 1,
-                 pad_to: int | None = None):
-  """n test verses as token ids: (padded int32 [n, S], list of unpadded id lists, English texts).
+                 pad_to: int | None = None, split: str = 'test'):
+  """n verses of `split` (default the test verses) as token ids: (padded int32 [n, S], list of unpadded id lists, English texts).
 
   Ids come from the target's tokenizer (or the shipped Bible tokenizer) with EOS appended, truncated
   to max_len. If no usable tokenizer exists, or a token id falls outside the model's vocabulary,
   each word is hashed to an id in [2, vocab) instead (random models do not care about meaning).
   """
   import numpy as np  # pylint: disable=import-outside-toplevel
-  recs = _test_records(n)
+  recs = _test_records(n, split)
   texts = [r['en'] for r in recs]
   ids = None
   # Tiny random smoke models (vocab < 1000) skip the tokenizer (and the transformers import).

@@ -45,6 +45,9 @@ EXACT_RULES = {
     'entropy': stopping.Entropy(2.1),
     'alpha': stopping.AlphaTracked(c=0.3, prior=0.6),
     'budget': stopping.Budget(c=0.3, prior=0.6, block_costs=(1.0, 1.1, 1.3, 1.6)),
+    # a_k = sigmoid(log q(x_k) + 1) in ~[0.2, 0.6]: stops after one draft about half the time and
+    # by the running product after two or three (its carried state is what decides there).
+    'learned': stopping.Learned(weights=(1.0, 0.0, 0.0, 0.0), bias=1.0, threshold=0.3),
 }
 UNSAFE = stopping.UnsafeDropLowConfidence(0.15)
 RULES = {**EXACT_RULES, 'unsafe': UNSAFE}
@@ -77,6 +80,13 @@ class ByRow(StopRule):
   def truncate(self, x_BxG, q_BxGxV, n_B):
     return self._pick([r.truncate(x_BxG, q_BxGxV, n_B) for r in self.rules])
 
+  def start(self, b, gamma):
+    return tuple(r.start(b, gamma) for r in self.rules)
+
+  def after_carry(self, state, q_BxV, x_B, k):
+    outs = [r.after_carry(s, q_BxV, x_B, k) for r, s in zip(self.rules, state)]
+    return self._pick([o[0] for o in outs]), tuple(o[1] for o in outs)
+
 
 ALL_ROWS = ByRow(rules=tuple(RULES.values()), rows=N)
 
@@ -104,6 +114,12 @@ class ShortBlocks(StopRule):
 
   def truncate(self, x_BxG, q_BxGxV, n_B):
     return self.inner.truncate(x_BxG, q_BxGxV, n_B)
+
+  def start(self, b, gamma):
+    return self.inner.start(b, gamma)
+
+  def after_carry(self, state, q_BxV, x_B, k):
+    return self.inner.after_carry(state, q_BxV, x_B, k)
 
 
 NARROW = {'confidence': ShortBlocks(stopping.Confidence(0.15)),
@@ -268,7 +284,7 @@ def test_greedy_every_rule_is_token_identical(verifier):
   hist = np.asarray(out.stats.proposed_hist)
   for k, name in enumerate(RULES):  # the rules act at temperature 0 too
     h = hist[k * GB:(k + 1) * GB].sum(0)
-    if name in ('confidence', 'entropy', 'alpha', 'budget'):
+    if name in ('confidence', 'entropy', 'alpha', 'budget', 'learned'):
       assert h[:G_MAX].sum() > 0, (name, h)
 
 

@@ -37,23 +37,33 @@ class SpecState(engine.LoopState):
   """Loop state of speculative decoding (engine.LoopState's fields, seq N = max_new + gamma + 2,
   caches max_new + gamma + 1 positions), plus
 
-  trace_drafts / trace_accepted / trace_proposed: see DecodeOutput (shape [B, 0, G] / [B, 0] /
-                  [B, 0] when not traced)
+  trace_drafts / trace_accepted / trace_proposed / trace_beta / trace_features: see DecodeOutput
+                  (iteration axis of length 0 when not traced)
   """
   trace_drafts: jax.Array
   trace_accepted: jax.Array
   trace_proposed: jax.Array
+  trace_beta: jax.Array
+  trace_features: jax.Array
 
-  def record_trace(self, it, active_B, verdict: Verdict) -> SpecState:
-    """Writes iteration `it`'s drafts and counts into the trace (a no-op when not traced)."""
+  def record_trace(self, it, active_B, verdict: Verdict, features_BxGxF=None) -> SpecState:
+    """Writes iteration `it`'s drafts, counts, betas and (from a stopping.Recorder rule) the
+    drafts' stop features into the trace (a no-op when not traced)."""
     if not self.trace_drafts.shape[1]:
       return self
     it = jnp.minimum(it, self.trace_drafts.shape[1] - 1)
     drafts_BxG = protocol.pad_after(verdict.tokens_BxW, verdict.n_B)
-    return self.replace(
+    proposed_BxG = jnp.arange(drafts_BxG.shape[1])[None, :] < verdict.n_B[:, None]
+    beta_BxG = jnp.where(proposed_BxG & active_B[:, None], verdict.beta_BxW, 0.0)
+    new = self.replace(
         trace_drafts=self.trace_drafts.at[:, it].set(jnp.where(active_B[:, None], drafts_BxG, 0)),
         trace_accepted=self.trace_accepted.at[:, it].set(jnp.where(active_B, verdict.m_B, -1)),
-        trace_proposed=self.trace_proposed.at[:, it].set(jnp.where(active_B, verdict.n_B, -1)))
+        trace_proposed=self.trace_proposed.at[:, it].set(jnp.where(active_B, verdict.n_B, -1)),
+        trace_beta=self.trace_beta.at[:, it].set(beta_BxG))
+    if features_BxGxF is None:
+      return new
+    return new.replace(trace_features=new.trace_features.at[:, it].set(
+        jnp.where(active_B[:, None, None], features_BxGxF, 0.0)))
 
 
 def speculative_init(target: T5Model, draft, input_ids_BxS, rng, *, gamma: int,
@@ -66,7 +76,9 @@ def speculative_init(target: T5Model, draft, input_ids_BxS, rng, *, gamma: int,
       max_new_tokens=max_new_tokens, cls=SpecState,
       trace_drafts=jnp.zeros((b, n_trace, gamma), jnp.int32),
       trace_accepted=jnp.full((b, n_trace), -1, jnp.int32),
-      trace_proposed=jnp.full((b, n_trace), -1, jnp.int32))
+      trace_proposed=jnp.full((b, n_trace), -1, jnp.int32),
+      trace_beta=jnp.zeros((b, n_trace, gamma), jnp.float32),
+      trace_features=jnp.zeros((b, n_trace, gamma, len(stopping.FEATURES)), jnp.float32))
 
 
 def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
@@ -77,11 +89,13 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   `stop` (default stopping.Fixed()) sets how many of the gamma slots each row proposes;
   `verifier` is a name of acceptance.VERIFIERS or an acceptance.Verifier.
   """
-  new, verdict = engine.block_step(
+  new, verdict, rule_state = engine.block_step(
       target, as_draft(draft), engine.Chain.for_rule(gamma, stop), state, state.keys(),
       sampling=sampling, verifier=acceptance.verifier_for(verifier), stop=stop or stopping.Fixed(),
-      eos_id=eos_id, max_new_tokens=max_new_tokens)
-  return new.record_trace(state.stats.iterations, ~state.done, verdict)
+      eos_id=eos_id, max_new_tokens=max_new_tokens, with_rule_state=True)
+  recorded = (rule_state[1] if isinstance(stop, stopping.Recorder) and rule_state is not None
+              else None)
+  return new.record_trace(state.stats.iterations, ~state.done, verdict, recorded)
 
 
 @functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens', 'sampling', 'eos_id',
@@ -104,7 +118,9 @@ def speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tok
       lengths=state.lengths, stats=state.stats,
       trace_drafts=state.trace_drafts if trace else None,
       trace_accepted=state.trace_accepted if trace else None,
-      trace_proposed=state.trace_proposed if trace else None)
+      trace_proposed=state.trace_proposed if trace else None,
+      trace_beta=state.trace_beta if trace else None,
+      trace_features=state.trace_features if trace else None)
 
 
 def run(target, draft, input_ids, opts, rng) -> DecodeOutput:

@@ -239,10 +239,11 @@ def _score_width(target, draft, cache, block_BxG1, lengths_B, width: int):
 
 
 def block_step(target, draft, form, st: LoopState, keys, *, sampling, verifier, stop, eos_id: int,
-               max_new_tokens: int) -> tuple[LoopState, Verdict]:
+               max_new_tokens: int, with_rule_state: bool = False):
   """One iteration for every unfinished row: propose, one target pass, verify, commit (module
   docstring). `keys` = (draft keys [B], verify keys [B]). Returns the new state and the verdict
-  (for the loop's own bookkeeping: trace, per-request statistics)."""
+  (for the loop's own bookkeeping: trace, per-request statistics), and with `with_rule_state` the
+  stop rule's state after the rollout (Proposal.rule_state; a stopping.Recorder's log)."""
   draft_keys_B, verify_keys_B = keys
   vocab = target.config.vocab_size
   limit_B = (jnp.where(st.done, 0, stop.limit(st.stats, form.width)) if form.width
@@ -259,9 +260,12 @@ def block_step(target, draft, form, st: LoopState, keys, *, sampling, verifier, 
   stats = st.stats.record(~st.done, verdict, prop.passes, jnp.isnan(logits_BxKxV).any() | nan_q,
                           bad)
   draft_state = form.commit(draft, prop.state, seq, lengths, st.lengths, verdict, hidden)
-  return st.replace(seq=seq, lengths=lengths, done=done | stats.nan | stats.bad_draft,
-                    target_cache=form.settle(target_cache, st.lengths, verdict),
-                    draft_state=draft_state, stats=stats), verdict
+  new = st.replace(seq=seq, lengths=lengths, done=done | stats.nan | stats.bad_draft,
+                   target_cache=form.settle(target_cache, st.lengths, verdict),
+                   draft_state=draft_state, stats=stats)
+  if with_rule_state:
+    return new, verdict, getattr(prop, 'rule_state', None)
+  return new, verdict
 
 
 def run_loop(state, step):

@@ -73,12 +73,15 @@ class Proposal:
   n_B:        [B] int32       proposed tokens per row, 0 <= n <= G
   passes:     [] int32        draft forward passes actually made (data-dependent under stop rules)
   state:      pytree          the draft's new state
+  rule_state: pytree          the stop rule's state after the rollout (StopRule.start /
+                              after_carry; None where the draft did not roll out token by token)
   """
   tokens_BxG: jax.Array
   q_BxGxV: jax.Array
   n_B: jax.Array
   passes: jax.Array
   state: Any
+  rule_state: Any = None
 
 
 @struct.dataclass
@@ -225,38 +228,42 @@ def rollout(advance: Callable, carry: Any, q_BxV: jax.Array, draw: Callable, *, 
                                feeds draft k and returns q_{k+1}; costs `advance_passes` passes
 
   Row b drafts step k only while k < limit_B[b]; `stop.before(view_k, k)` ends it before x_k is
-  drawn (n = k), `stop.after(view_k, x_k, k)` after x_k is kept (n = k + 1). `advance` runs for the
+  drawn (n = k), `stop.after_carry(.., view_k, x_k, k)` (`after` with the rule's state) after x_k
+  is kept (n = k + 1). `advance` runs for the
   whole batch while any row goes on, so a stopped row's later slots hold padding (token 0).
   Returns a Proposal whose `state` is the final carry.
   """
   b, v = q_BxV.shape
   limit_B = jnp.clip(limit_B, 0, gamma)
 
-  def step(k, q_BxV, view_BxV, live_B, tokens_BxG, q_BxGxV, n_B):
+  def step(k, q_BxV, view_BxV, live_B, tokens_BxG, q_BxGxV, n_B, rule_state):
     keep_B = live_B & ~stop.before(view_BxV, k)
     x_B = draw(k, q_BxV)
     tokens_BxG = jax.lax.dynamic_update_index_in_dim(tokens_BxG, jnp.where(keep_B, x_B, 0), k, 1)
     q_BxGxV = jax.lax.dynamic_update_index_in_dim(q_BxGxV, q_BxV, k, 1)
-    go_B = keep_B & ~stop.after(view_BxV, x_B, k) & (k + 1 < limit_B)
-    return x_B, go_B, tokens_BxG, q_BxGxV, n_B + keep_B.astype(jnp.int32)
+    stop_B, rule_state = stop.after_carry(rule_state, view_BxV, x_B, k)
+    go_B = keep_B & ~stop_B & (k + 1 < limit_B)
+    return x_B, go_B, tokens_BxG, q_BxGxV, n_B + keep_B.astype(jnp.int32), rule_state
 
   out = step(0, q_BxV, q_BxV if view_BxV is None else view_BxV, limit_B > 0,
              jnp.zeros((b, gamma), jnp.int32), jnp.zeros((b, gamma, v), jnp.float32),
-             jnp.zeros((b,), jnp.int32))
+             jnp.zeros((b,), jnp.int32), stop.start(b, gamma))
 
   def cond_fn(c):
     k, _, go_B = c[0], c[1], c[2]
     return (k < gamma) & jnp.any(go_B)
 
   def body_fn(c):
-    k, x_B, go_B, tokens_BxG, q_BxGxV, n_B, passes, carry = c
+    k, x_B, go_B, tokens_BxG, q_BxGxV, n_B, rule_state, passes, carry = c
     carry, q_BxV, *view = advance(carry, x_B, k - 1)
-    out = step(k, q_BxV, view[0] if view else q_BxV, go_B, tokens_BxG, q_BxGxV, n_B)
+    out = step(k, q_BxV, view[0] if view else q_BxV, go_B, tokens_BxG, q_BxGxV, n_B, rule_state)
     return (k + 1, *out, passes + advance_passes, carry)
 
   c = (jnp.int32(1), *out, jnp.int32(passes), carry)
-  _, _, _, tokens_BxG, q_BxGxV, n_B, passes, carry = jax.lax.while_loop(cond_fn, body_fn, c)
-  return Proposal(tokens_BxG=tokens_BxG, q_BxGxV=q_BxGxV, n_B=n_B, passes=passes, state=carry)
+  _, _, _, tokens_BxG, q_BxGxV, n_B, rule_state, passes, carry = jax.lax.while_loop(
+      cond_fn, body_fn, c)
+  return Proposal(tokens_BxG=tokens_BxG, q_BxGxV=q_BxGxV, n_B=n_B, passes=passes, state=carry,
+                  rule_state=rule_state)
 
 
 def cut(stop: Any, tokens_BxG: jax.Array, q_BxGxV: jax.Array, limit_B: jax.Array,
@@ -271,11 +278,13 @@ def cut(stop: Any, tokens_BxG: jax.Array, q_BxGxV: jax.Array, limit_B: jax.Array
   view_BxGxV = q_BxGxV if view_BxGxV is None else view_BxGxV
   live_B = jnp.ones(tokens_BxG.shape[:1], bool)
   n_B = jnp.zeros(tokens_BxG.shape[:1], jnp.int32)
+  rule_state = stop.start(tokens_BxG.shape[0], gamma)
   for k in range(gamma):
     q_BxV = view_BxGxV[:, k]
     live_B = live_B & (k < limit_B) & ~stop.before(q_BxV, k)
     n_B = n_B + live_B.astype(jnp.int32)
-    live_B = live_B & ~stop.after(q_BxV, tokens_BxG[:, k], k)
+    stop_B, rule_state = stop.after_carry(rule_state, q_BxV, tokens_BxG[:, k], k)
+    live_B = live_B & ~stop_B
   return n_B
 
 

@@ -240,7 +240,10 @@ class DecodeOutput:
   With trace=True, `trace_drafts` [B, I, G] holds each iteration's drafted tokens (0 past the
   proposal), `trace_proposed` [B, I] how many were proposed and `trace_accepted` [B, I] how many
   were accepted (both -1 once the row had finished); the committed tokens give the corrected /
-  bonus token of each iteration.
+  bonus token of each iteration. `trace_beta` [B, I, G] holds beta_k = sum_x min(p_k, q_k) of
+  each proposed draft (the probability it is accepted given the drafts before it were; 0 past the
+  proposal), and under a stopping.Recorder rule `trace_features` [B, I, G, F] each draft's
+  stopping.FEATURES (zeros otherwise): the log a learned stop rule is fitted on.
   """
   tokens: jax.Array
   lengths: jax.Array
@@ -248,6 +251,8 @@ class DecodeOutput:
   trace_drafts: Any = None
   trace_accepted: Any = None
   trace_proposed: Any = None
+  trace_beta: Any = None
+  trace_features: Any = None
 
   def to_host(self) -> DecodeOutput:
     """tokens and lengths as numpy arrays, which tokenizers' batch_decode accepts (a JAX array

@@ -15,6 +15,11 @@ the wrong thing:
   truncate(x_BxG, q_BxGxV, n_B) -> [B]            post-hoc cut of the proposal. Only a rule that is
                                                   deliberately biased uses it (it sees x_k).
 
+A rule that needs memory across the steps of one rollout (the learned rule's running product of
+predicted acceptances) carries a state: `start(b)` makes it at step 0 and
+`after_carry(state, q_BxV, x_B, k) -> (stop_B, state)` is the `after` hook with it (the default
+wraps `after`, state ()). The state is built from q_<=k and x_<=k only, so the rule stays exact.
+
 `q_BxV` is the distribution the rule judges confidence by: the processed q_k that x_k is drawn from
 when sampling; at temperature 0 (q_k a one-hot that says nothing) the draft's softmax at temperature
 1. Under greedy decoding the draft is a deterministic function of the prefix, so every length rule
@@ -33,6 +38,9 @@ spelling (the class's `from_spec`) and `spec(rule)` writes it back (the rule's `
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 from typing import Any
 
 import jax
@@ -41,8 +49,8 @@ import jax.numpy as jnp
 from specjax.decoding import theory
 from specjax.decoding.registry import STOP_RULES
 
-__all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked', 'Budget',
-           'UnsafeDropLowConfidence', 'STOP_RULES', 'block_widths', 'entropy', 'may_shorten',
+__all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked', 'Budget', 'Learned',
+           'Recorder', 'UnsafeDropLowConfidence', 'FEATURES', 'features', 'STOP_RULES', 'block_widths', 'entropy', 'may_shorten',
            'optimal_gammas', 'parse', 'register', 'spec', 'takes_block_costs']
 
 register = STOP_RULES.register
@@ -111,6 +119,15 @@ class StopRule:
   def truncate(self, x_BxG: jax.Array, q_BxGxV: jax.Array, n_B: jax.Array) -> jax.Array:
     """Post-hoc proposal length; exact rules leave n_B as it is."""
     return n_B
+
+  def start(self, b: int, gamma: int) -> Any:
+    """The rule's state at the start of a rollout of `gamma` steps for `b` rows (a pytree)."""
+    del b, gamma
+    return ()
+
+  def after_carry(self, state: Any, q_BxV: jax.Array, x_B: jax.Array, k) -> tuple[jax.Array, Any]:
+    """`after` with the rule's state: (stop after x_k [B] bool, the new state)."""
+    return self.after(q_BxV, x_B, k), state
 
 
 @register('fixed')
@@ -242,6 +259,132 @@ class Budget(AlphaTracked):
     return theory.best_gamma(self.running_alpha(stats), self.costs(gamma), first=1)
 
 
+#: The per-draft signals a learned rule reads (`features`), all known once x_k is drawn: log q_k(x_k),
+#: log max q_k, the entropy H(q_k) in nats, and the depth k (0-based).
+FEATURES = ('log_qx', 'log_qmax', 'entropy', 'depth')
+_LOG_FLOOR = -13.8  # log 1e-6: a draft token the draft itself gave ~0 mass is simply "very unsure"
+
+
+def features(q_BxV: jax.Array, x_B: jax.Array, k) -> jax.Array:
+  """[B, F] the FEATURES of draft k (q_BxV the rule's view of q_k, x_B the drawn token)."""
+  q_BxV = q_BxV.astype(jnp.float32)
+  log_qx_B = jnp.log(jnp.maximum(_token_prob(q_BxV, x_B), 1e-6))
+  log_qmax_B = jnp.log(jnp.maximum(jnp.max(q_BxV, axis=-1), 1e-6))
+  depth_B = jnp.full(x_B.shape, k, jnp.float32)
+  return jnp.stack([jnp.maximum(log_qx_B, _LOG_FLOOR), jnp.maximum(log_qmax_B, _LOG_FLOOR),
+                    entropy(q_BxV), depth_B], axis=-1)
+
+
+@register('learned')
+@dataclasses.dataclass(frozen=True)
+class Learned(StopRule):
+  """A learned acceptance predictor (SpecDec++'s rule): stop after x_k once the predicted
+  probability that every draft so far is accepted falls below `threshold`.
+
+  a_k = sigmoid(w . features(q_k, x_k, k) + bias) predicts beta_k = P(x_k accepted | x_<k
+  accepted); the state is log prod_{j<=k} a_j. Fitted offline on logged iterations
+  (specjax.decoding.acceptance_predictor: logistic regression on the target's own beta_k, then
+  the threshold that maximises tokens per unit cost on the same log). The state is built from
+  q_<=k and x_<=k only, and the decision concerns x_{k+1}, not yet drawn: exact. Spelled
+  'learned:FILE' (a predictor JSON written by `save`); `source` names that file.
+  """
+  weights: tuple[float, ...] = (0.0,) * len(FEATURES)
+  bias: float = 0.0
+  threshold: float = 0.5
+  source: str = ''
+
+  def __post_init__(self):
+    w = tuple(float(x) for x in self.weights)
+    if len(w) != len(FEATURES):
+      raise ValueError(f'learned: {len(w)} weights, the features are {len(FEATURES)} {FEATURES}')
+    if not all(math.isfinite(x) for x in w + (float(self.bias),)):
+      raise ValueError('learned: weights and bias must be finite')
+    _check_probability(self.threshold)
+    object.__setattr__(self, 'weights', w)
+
+  @classmethod
+  def from_spec(cls, arg: str, c: float | None = None,
+                block_costs: tuple[float, ...] | None = None) -> Learned:
+    """'learned:FILE', FILE a predictor written by `save`."""
+    del c, block_costs
+    if not arg:
+      raise ValueError('needs a predictor file: learned:FILE.json')
+    return cls.load(arg)
+
+  def spec(self) -> str:
+    return f'learned:{self.source}' if self.source else f'learned@{self.threshold:g}'
+
+  @classmethod
+  def load(cls, path: str) -> Learned:
+    """The predictor saved at `path`; a missing or malformed file is a one-line error naming it."""
+    try:
+      with open(path, encoding='utf-8') as f:
+        d = json.load(f)
+      if tuple(d['features']) != FEATURES:
+        raise ValueError(f"features {d['features']} are not {list(FEATURES)}")
+      return cls(weights=tuple(d['weights']), bias=float(d['bias']),
+                 threshold=float(d['threshold']), source=str(path))
+    except FileNotFoundError:
+      raise ValueError(f'predictor file {path}: not found') from None
+    except (OSError, KeyError, TypeError, ValueError) as e:
+      raise ValueError(f'predictor file {path}: {type(e).__name__}: {e}') from None
+
+  def save(self, path: str, **about) -> None:
+    """Writes the predictor as JSON (atomically), with `about` (what it was fitted on) beside."""
+    d = {'features': list(FEATURES), 'weights': list(self.weights), 'bias': self.bias,
+         'threshold': self.threshold, **about}
+    tmp = f'{path}.tmp{os.getpid()}'
+    with open(tmp, 'w', encoding='utf-8') as f:
+      json.dump(d, f, indent=1)
+      f.write('\n')
+    os.replace(tmp, path)
+
+  def log_accept(self, q_BxV, x_B, k) -> jax.Array:
+    """[B] log a_k, the predicted log probability that draft k is accepted."""
+    logit_B = features(q_BxV, x_B, k) @ jnp.asarray(self.weights, jnp.float32) + self.bias
+    return jax.nn.log_sigmoid(logit_B)
+
+  def start(self, b, gamma):
+    return jnp.zeros((b,), jnp.float32)
+
+  def after_carry(self, state, q_BxV, x_B, k):
+    state = state + self.log_accept(q_BxV, x_B, k)
+    return state < math.log(max(self.threshold, 1e-30)), state
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorder(StopRule):
+  """`inner`'s decisions, and its state carries each draft's `features` [B, G, F] so a traced run
+  logs them (chain.SpecState.trace_features): the training data of a learned rule. It only
+  watches: exact whenever `inner` is."""
+  inner: StopRule = StopRule()
+
+  @property
+  def exact(self):
+    return self.inner.exact
+
+  def spec(self) -> str:
+    return spec(self.inner)
+
+  def limit(self, stats, gamma):
+    return self.inner.limit(stats, gamma)
+
+  def before(self, q_BxV, k):
+    return self.inner.before(q_BxV, k)
+
+  def truncate(self, x_BxG, q_BxGxV, n_B):
+    return self.inner.truncate(x_BxG, q_BxGxV, n_B)
+
+  def start(self, b, gamma):
+    return self.inner.start(b, gamma), jnp.zeros((b, gamma, len(FEATURES)), jnp.float32)
+
+  def after_carry(self, state, q_BxV, x_B, k):
+    inner, f_BxGxF = state
+    stop_B, inner = self.inner.after_carry(inner, q_BxV, x_B, k)
+    f_BxGxF = jax.lax.dynamic_update_index_in_dim(f_BxGxF, features(q_BxV, x_B, k), k, 1)
+    return stop_B, (inner, f_BxGxF)
+
+
 @register('unsafe')
 @dataclasses.dataclass(frozen=True)
 class UnsafeDropLowConfidence(StopRule):
@@ -291,14 +434,17 @@ def may_shorten(rule: StopRule | None) -> bool:
   cannot."""
   if rule is None:
     return False
+  if isinstance(rule, Recorder):
+    return may_shorten(rule.inner)
   return any(getattr(type(rule), hook) is not getattr(StopRule, hook)
-             for hook in ('limit', 'before', 'after', 'truncate'))
+             for hook in ('limit', 'before', 'after', 'truncate', 'after_carry'))
 
 
 def parse(text: str, c: float | None = None,
           block_costs: tuple[float, ...] | None = None) -> StopRule:
   """'fixed', 'confidence:0.4', 'entropy:2.5', 'alpha' (or 'alpha:PRIOR'), 'budget' (or
-  'budget:PRIOR'), 'unsafe:0.3', or any registered rule. `c` (the measured cost ratio) is given
+  'budget:PRIOR'), 'learned:FILE' (a fitted acceptance predictor), 'unsafe:0.3', or any
+  registered rule. `c` (the measured cost ratio) is given
   to the rules that use it ('alpha', 'budget'), `block_costs` (block_costs[g] the target's
   (g+1)-token step over its 1-token step, g = 0..G_MAX) to 'budget'. A bad spelling raises a
   one-line ValueError."""
