@@ -11,13 +11,15 @@ batches of B, right-padded to one source length, so each variant is one compiled
   fixed g blk  gamma = g in --block_gammas, block verification (T > 0 only: at T = 0 block
                verification is token verification)
   RULE         each --rules stop rule at gamma = --g_max, token and (T > 0) block verification;
-               'alpha' gets the measured c, 'budget' c and the measured block cost curve
+               'alpha' gets the measured c, 'budget' c, the measured block cost curve and the
+               measured per-iteration overhead (runner.metrics.measure_overhead: what a fixed-4
+               iteration costs beyond block cost + passes c, in target steps)
   learned      (--fit_n > 0) the learned stop rule (stopping.Learned, SpecDec++-style), fitted
                for this (pair, draft, B, T) on --fit_n DEV verses before the timed runs: a traced
                fixed-G_MAX run logs each draft's features and beta, a logistic regression
                predicts beta, and the threshold on the predicted prod a_<=k is the one with the
                best tokens per cost on that log, the cost being the block the loop verifies +
-               n c (specjax.decoding.acceptance_predictor); written beside --out as
+               n c + the overhead (specjax.decoding.acceptance_predictor); written beside --out as
                OUT.learned.PAIR.B<B>.T<T>.json, reusable as --rules=learned:FILE
   argmax g     (T > 0, model draft) the draft proposes its argmax with q one-hot
                (ModelDraft(argmax=True))
@@ -141,14 +143,18 @@ def parse_args(argv=None):
   return a
 
 
+OVERHEAD_GAMMA = 4  # the fixed gamma whose iterations measure the per-iteration overhead
+
+
 def ints(text):
   return [int(x) for x in str(text).split(',') if x.strip()]
 
 
-def variants_for(temperature, args, c, block_cost, learned=None):
+def variants_for(temperature, args, c, block_cost, learned=None, overhead=0.0):
   """[(name, gamma, verifier, stop rule or None, argmax draft)] for one temperature.
-  block_cost: {gamma: measured block cost}, at least 1 .. --g_max ('budget' reads the curve);
-  `learned` the fitted stopping.Learned rule (or None)."""
+  block_cost: {gamma: measured block cost}, at least 1 .. --g_max ('budget' reads the curve and
+  the measured per-iteration `overhead`); `learned` the fitted stopping.Learned rule (or None)."""
+  import dataclasses  # pylint: disable=import-outside-toplevel
   from specjax import stopping  # pylint: disable=import-outside-toplevel
   sampled = temperature > 0
   curve = (1.0,) + tuple(float(block_cost[g]) for g in range(1, args.g_max + 1))
@@ -157,6 +163,8 @@ def variants_for(temperature, args, c, block_cost, learned=None):
     out += [(f'fixed {g} blk', g, 'block', None, False) for g in ints(args.block_gammas)]
   for text in [t for t in args.rules.split(',') if t.strip()]:
     rule = stopping.parse(text, c=c, block_costs=curve)
+    if isinstance(rule, stopping.Budget):
+      rule = dataclasses.replace(rule, overhead=overhead)
     out.append((text, args.g_max, 'token', rule, False))
     if sampled:
       out.append((f'{text} blk', args.g_max, 'block', rule, False))
@@ -184,14 +192,14 @@ def verified_block_cost(proposed_hist, gamma, stop, block_cost) -> float:
   return float(hist @ np.asarray(per_n) / max(hist.sum(), 1.0))
 
 
-def fit_learned(target, draft, prompts_NxS, *, batch, temperature, args, c, block_cost, path,
-                log=print):
+def fit_learned(target, draft, prompts_NxS, *, batch, temperature, args, c, block_cost, overhead,
+                path, log=print):
   """(the learned stop rule fitted on `prompts_NxS` (dev verses), its report): module
   docstring. Saved at `path` when given."""
   from specjax import stopping  # pylint: disable=import-outside-toplevel
   from specjax.decoding import acceptance_predictor  # pylint: disable=import-outside-toplevel
   curve = (1.0,) + tuple(float(block_cost[g]) for g in range(1, args.g_max + 1))
-  costs = stopping.Budget(c=c, block_costs=curve).costs(args.g_max)
+  costs = stopping.Budget(c=c, block_costs=curve, overhead=overhead).costs(args.g_max)
   logged = acceptance_predictor.record(
       target, draft, prompts_NxS, gamma=args.g_max, temperature=temperature, batch=batch,
       max_new_tokens=args.max_new_tokens, rng=7919)
@@ -333,6 +341,12 @@ def run_pair(name, args, gate=None, log=print) -> dict:
     log(f"batch {batch}: c = {c:.3f}; block cost (G+1 vs 1 token): "
         + ', '.join(f'{g}: {block_cost[g]:.2f}' for g in gammas))
     for temperature in [float(t) for t in args.temps.split(',')]:
+      og = min(OVERHEAD_GAMMA, args.g_max)
+      overhead = max(0.0, metrics.measure_overhead(
+          target, draft, probe, gamma=og, c=c, block_cost=block_cost[og],
+          max_new_tokens=args.max_new_tokens, temperature=temperature))
+      log(f'T = {temperature:g}: per-iteration overhead {overhead:.2f} target steps (fixed '
+          f'{og}, beyond block cost + passes c)')
       learned, learned_report = None, None
       if args.fit_n:
         path = (f'{os.path.splitext(args.out)[0]}.learned.{name}.B{batch}.T{temperature:g}.json'
@@ -340,11 +354,11 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         learned, learned_report = fit_learned(
             target, draft, bc.dev_prompts(name, args.fit_n, target, smoke=(name == 'smoke')),
             batch=batch, temperature=temperature, args=args, c=c, block_cost=block_cost,
-            path=path, log=log)
+            overhead=overhead, path=path, log=log)
       start = gate.mark() if gate is not None else None
       rows, block_rows = compare(
           target, draft, np.asarray(padded), batch=batch, temperature=temperature,
-          variants=variants_for(temperature, args, c, block_cost, learned),
+          variants=variants_for(temperature, args, c, block_cost, learned, overhead),
           max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
       oracle = {}
@@ -358,7 +372,7 @@ def run_pair(name, args, gate=None, log=print) -> dict:
             length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
-                     block_vs_token=block_rows, learned=learned_report,
+                     block_vs_token=block_rows, learned=learned_report, overhead=overhead,
                      **summarise(rows, block_rows), **oracle)
       log(f'\n{name}, batch {batch}, T = {temperature:g}, {len(ids)} prompts x '
           f'{args.max_new_tokens} new tokens')

@@ -37,9 +37,10 @@ JOBS: dict[str, tuple[list[str], bool]] = {
     'bench_transformers': (['python experiments/bench_transformers.py --int8 --ct2=float32,int8 --record {wait}'],
                            False),
     'bench_batch.refill': (['python experiments/bench_batch.py --refill --record {wait}'], False),
-    'bench_adaptive': (['python experiments/bench_adaptive.py --record {wait}',
-                        'python experiments/bench_adaptive.py --draft=head --pairs=tiny --record '
-                        '{wait}'], False),
+    'bench_adaptive': (['python experiments/bench_adaptive.py --pairs=tiny --batches=1 --record '
+                        f'--out={OUT}/adaptive_model.json {{wait}}',
+                        'python experiments/bench_adaptive.py --draft=head --pairs=tiny --batches=1 '
+                        f'--record --out={OUT}/adaptive_head.json {{wait}}'], False),
     'bench_tree': (['python experiments/bench_tree.py --record {wait}',
                     'python experiments/bench_tree.py --draft=head --pairs=tiny --record {wait}'],
                    False),

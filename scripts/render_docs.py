@@ -290,15 +290,20 @@ def render_adaptive(records) -> str:
         for s in pair['settings']:
           by = {r['variant']: r for r in s['rows']}
           fixed = by.get(s.get('best_fixed'), {})
+          learned = by.get('learned', {})
           rows.append([pair['pair'], s['batch'], f"{s['temperature']:g}", num(s.get('c'), '.3f'),
+                       num(s.get('overhead'), '.2f'),
                        f"{s.get('best_fixed')} ({num(fixed.get('tokens_per_s'), '.0f')} tok/s)",
                        s.get('best_rule') or '-', num(s.get('rule_vs_fixed'), '.3f', 'X'),
+                       num(learned.get('vs_best_fixed'), '.3f', 'X'),
+                       num(learned.get('oracle_share'), '.2f'),
                        num(s.get('oracle_vs_fixed'), '.3f', 'X'),
                        f"{num(s.get('oracle_share'), '.2f')} ({s.get('oracle_token_rule') or '-'})",
                        num(s.get('block_ratio_min'), '.3f')])
       out.append(f"Draft: {DRAFT_NAMES[draft]}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
-          ['pair', 'B', 'T', 'c', 'best fixed gamma', 'best exact stop rule', 'rule / fixed',
-           'oracle / fixed', "oracle share (best token rule)",
+          ['pair', 'B', 'T', 'c', 'overhead', 'best fixed gamma', 'best exact stop rule',
+           'rule / fixed', 'learned / fixed', 'learned oracle share', 'oracle / fixed',
+           "oracle share (best token rule)",
            'block / token verification, tok/call (min over gamma >= 4)'], rows))
   if not out:
     return missing(ADAPTIVE_CMD)

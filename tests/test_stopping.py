@@ -400,6 +400,13 @@ def test_budget_limit_maximises_tokens_per_cost():
   np.testing.assert_array_equal(flat.limit(stats, 8), alpha.limit(stats, 8))
   assert (np.asarray(rule.limit(stats, 8)) <= np.asarray(alpha.limit(stats, 8))).all()
   assert limit != np.asarray(alpha.limit(stats, 8)).tolist()
+  # A per-iteration overhead is paid whatever the length: it favours longer proposals.
+  dear_iter = stopping.Budget(c=0.05, prior=0.6, prior_weight=2.0, block_costs=costs, overhead=1.5)
+  np.testing.assert_allclose(dear_iter.costs(8), np.asarray(rule.costs(8)) + 1.5)
+  longer = np.asarray(dear_iter.limit(stats, 8))
+  assert (longer >= np.asarray(limit)).all() and (longer > np.asarray(limit)).any(), (longer, limit)
+  with pytest.raises(ValueError, match='overhead'):
+    stopping.Budget(overhead=-0.1)
   with pytest.raises(ValueError, match='block costs measured up to 2'):
     stopping.Budget(block_costs=(1.0, 1.1, 1.2)).limit(stats, 8)
   with pytest.raises(ValueError, match='> 0'):

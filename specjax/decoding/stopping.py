@@ -222,15 +222,20 @@ class Budget(AlphaTracked):
   1..G_MAX maximising E[tokens](alpha_b, g) / (block_costs[g] + g c).
 
   block_costs[g] is the target's (g+1)-token step over its 1-token step (block_costs[0] = 1;
-  runner.metrics.measure_block_cost), () = 1 for every g (then this is 'alpha'). Under a stop
+  runner.metrics.measure_block_cost), () = 1 for every g (then this is 'alpha'); `overhead` what
+  an iteration costs beyond its model passes, in target steps (runner.metrics.measure_overhead;
+  it favours longer proposals where iterations are dear). Under a stop
   rule the chain loop verifies only the block the rows propose (engine.Chain.for_rule), so
   choosing fewer drafts where the block is dear saves its price. Each row is judged alone: in a
   batch the block is as wide as its longest row's. Decided before the rollout: exact.
   """
   block_costs: tuple[float, ...] = ()
+  overhead: float = 0.0
 
   def __post_init__(self):
     super().__post_init__()
+    if not self.overhead >= 0:
+      raise ValueError(f'overhead must be >= 0 target steps, got {self.overhead}')
     costs = tuple(float(x) for x in self.block_costs)
     if not all(x > 0 for x in costs):
       raise ValueError(f'block costs must be > 0, got {costs}')
@@ -245,15 +250,16 @@ class Budget(AlphaTracked):
 
   def costs(self, gamma: int) -> list[float]:
     """[gamma + 1] what proposing g = 0..gamma drafts costs, in 1-token target steps: the block
-    the loop verifies for them (the narrowest of `block_widths` >= g + 1) and g draft steps."""
+    the loop verifies for them (the narrowest of `block_widths` >= g + 1), g draft steps and the
+    iteration's `overhead`."""
     if not self.block_costs:
-      return [1.0 + g * self.c for g in range(gamma + 1)]
+      return [1.0 + g * self.c + self.overhead for g in range(gamma + 1)]
     if len(self.block_costs) <= gamma:
       raise ValueError(f'budget: block costs measured up to {len(self.block_costs) - 1} drafts, '
                        f'the block holds {gamma}')
     widths = block_widths(gamma)
     block = [self.block_costs[min(w for w in widths if w > g) - 1] for g in range(gamma + 1)]
-    return [block[g] + g * self.c for g in range(gamma + 1)]
+    return [block[g] + g * self.c + self.overhead for g in range(gamma + 1)]
 
   def limit(self, stats, gamma):
     return theory.best_gamma(self.running_alpha(stats), self.costs(gamma), first=1)
@@ -333,6 +339,7 @@ class Learned(StopRule):
     """Writes the predictor as JSON (atomically), with `about` (what it was fitted on) beside."""
     d = {'features': list(FEATURES), 'weights': list(self.weights), 'bias': self.bias,
          'threshold': self.threshold, **about}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f'{path}.tmp{os.getpid()}'
     with open(tmp, 'w', encoding='utf-8') as f:
       json.dump(d, f, indent=1)

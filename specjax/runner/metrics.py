@@ -91,3 +91,38 @@ def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: i
 
   timings = time_interleaved({'block': stepper(gamma + 1), 'one': stepper(1)}, repeats=repeats)
   return timings['block'].median_s / timings['one'].median_s
+
+
+def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_cost: float,
+                     max_new_tokens: int, temperature: float = 0.0, repeats: int = 5,
+                     steps: int = 32) -> float:
+  """o: what one speculative iteration costs beyond its model passes, in 1-token target steps.
+
+  The paper's cost model charges an iteration block_cost(gamma) + passes c target steps; the
+  loop also samples, verifies, commits and carries its state, which on a CPU with small models is
+  a sizeable fraction of a step. Measured as T_iter / t_step - block_cost - passes c, with
+  T_iter the median time of a fixed-gamma speculative_decode of `prompts_BxS` over its iterations
+  and t_step the target's 1-token step inside a compiled loop (as `measure_c`). Cost-aware rules
+  add it to the price of every iteration (stopping.Budget's `overhead`)."""
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  ids_BxS = jnp.asarray(prompts_BxS)
+  b = ids_BxS.shape[0]
+  cache_len = max_new_tokens + gamma + 1
+  cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
+  tok_Bx1 = jnp.zeros((b, 1), jnp.int32)
+  lengths_B = jnp.full((b,), cache_len // 2, jnp.int32)
+  out = {}
+
+  def spec():
+    out['o'] = loop.speculative_decode(target, draft, ids_BxS, gamma=gamma, rng=0,
+                                       max_new_tokens=max_new_tokens, temperature=temperature)
+    return out['o'].tokens
+
+  timings = time_interleaved(
+      {'step': lambda: step_loop(target, cache, tok_Bx1, lengths_B, steps=steps), 'spec': spec},
+      repeats=repeats)
+  stats = jax.device_get(out['o'].stats)
+  iters = max(int(stats.iterations), 1)
+  t_step = timings['step'].median_s / steps
+  t_iter = timings['spec'].median_s / iters
+  return t_iter / t_step - block_cost - c * int(stats.draft_passes) / iters
