@@ -72,7 +72,7 @@ def test_recorded_trace_has_features_and_betas():
   for temperature in (0.0, 1.0):
     kw = dict(gamma=3, max_new_tokens=8, temperature=temperature, rng=3, eos_id=-1)
     out = speculative_decode(target, draft, prompts, trace=True,
-                             stop=stopping.Recorder(stopping.Fixed()), **kw)
+                             stop=ap.Recorder(stopping.Fixed()), **kw)
     plain = speculative_decode(target, draft, prompts, **kw)
     np.testing.assert_array_equal(out.tokens, plain.tokens)  # it only watches
     log = ap.Log.from_trace(out)
@@ -141,8 +141,8 @@ def test_save_load_parse_and_errors(tmp_path):
   with pytest.raises(ValueError, match='weights'):
     stopping.Learned(weights=(1.0,))
   assert stopping.Learned.exact and stopping.may_shorten(RULE)
-  assert not stopping.may_shorten(stopping.Recorder(stopping.Fixed()))
-  assert stopping.may_shorten(stopping.Recorder(stopping.Confidence()))
+  assert not stopping.may_shorten(ap.Recorder(stopping.Fixed()))
+  assert stopping.may_shorten(ap.Recorder(stopping.Confidence()))
   assert hash(RULE) == hash(stopping.Learned(weights=RULE.weights, bias=1.2, threshold=0.3))
   jax.jit(lambda q: RULE.after_carry(RULE.start(2, 3), q, jnp.array([0, 1]), 0))(
       jnp.full((2, V), 1 / V))

@@ -2,7 +2,7 @@
 
 Shape legend: I logged iterations (all rows'), G the logged block width, F stopping.FEATURES.
 
-  record(...)      a traced fixed-G run under stopping.Recorder: per iteration the G drafts'
+  record(...)      a traced fixed-G run under Recorder: per iteration the G drafts'
                    features (what the rule will see) and beta_k = sum_x min(p_k, q_k), the
                    probability the target accepts draft k given drafts < k were (the 0/1 match of
                    the argmaxes at T = 0). Rows and iterations pooled: Log(features, beta, n).
@@ -23,11 +23,47 @@ from __future__ import annotations
 
 import dataclasses
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from specjax.decoding import stopping
 
-__all__ = ['Log', 'record', 'fit', 'rate']
+__all__ = ['Log', 'Recorder', 'record', 'fit', 'rate']
+
+
+@dataclasses.dataclass(frozen=True)
+class Recorder(stopping.StopRule):
+  """`inner`'s decisions, and its state carries each draft's stopping.features [B, G, F] so a
+  traced run logs them (DecodeOutput.trace_features): the training data of a learned rule. It
+  only watches: exact whenever `inner` is."""
+  inner: stopping.StopRule = stopping.StopRule()
+  records_features = True  # chain.SpecState.record_trace logs the state's features
+
+  @property
+  def exact(self):
+    return self.inner.exact
+
+  def spec(self) -> str:
+    return stopping.spec(self.inner)
+
+  def limit(self, stats, gamma):
+    return self.inner.limit(stats, gamma)
+
+  def before(self, q_BxV, k):
+    return self.inner.before(q_BxV, k)
+
+  def truncate(self, x_BxG, q_BxGxV, n_B):
+    return self.inner.truncate(x_BxG, q_BxGxV, n_B)
+
+  def start(self, b, gamma):
+    return self.inner.start(b, gamma), jnp.zeros((b, gamma, len(stopping.FEATURES)), jnp.float32)
+
+  def after_carry(self, state, q_BxV, x_B, k):
+    inner, f_BxGxF = state
+    stop_B, inner = self.inner.after_carry(inner, q_BxV, x_B, k)
+    f_BxGxF = jax.lax.dynamic_update_index_in_dim(f_BxGxF, stopping.features(q_BxV, x_B, k), k, 1)
+    return stop_B, (inner, f_BxGxF)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +75,7 @@ class Log:
 
   @classmethod
   def from_trace(cls, out) -> Log:
-    """The active iterations of a traced DecodeOutput run under a stopping.Recorder rule."""
+    """The active iterations of a traced DecodeOutput run under a Recorder rule."""
     n_BxI = np.asarray(out.trace_proposed)
     keep = n_BxI >= 0
     return cls(features=np.asarray(out.trace_features)[keep], beta=np.asarray(out.trace_beta)[keep],
@@ -65,7 +101,7 @@ def record(target, draft, prompts_NxS, *, gamma: int, temperature: float, batch:
     out = loop.speculative_decode(target, draft, prompts_NxS[i:i + batch], gamma=gamma,
                                   max_new_tokens=max_new_tokens, temperature=temperature,
                                   rng=rng + i // batch, trace=True,
-                                  stop=stopping.Recorder(stopping.Fixed()))
+                                  stop=Recorder(stopping.Fixed()))
     logs.append(Log.from_trace(out))
   log = Log.concat(logs)
   if not (log.n == gamma).all():

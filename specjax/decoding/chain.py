@@ -47,8 +47,9 @@ class SpecState(engine.LoopState):
   trace_features: jax.Array
 
   def record_trace(self, it, active_B, verdict: Verdict, features_BxGxF=None) -> SpecState:
-    """Writes iteration `it`'s drafts, counts, betas and (from a stopping.Recorder rule) the
-    drafts' stop features into the trace (a no-op when not traced)."""
+    """Writes iteration `it`'s drafts, counts, betas and (from an
+    acceptance_predictor.Recorder rule) the drafts' stop features into the trace (a no-op when
+    not traced)."""
     if not self.trace_drafts.shape[1]:
       return self
     it = jnp.minimum(it, self.trace_drafts.shape[1] - 1)
@@ -93,8 +94,8 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
       target, as_draft(draft), engine.Chain.for_rule(gamma, stop), state, state.keys(),
       sampling=sampling, verifier=acceptance.verifier_for(verifier), stop=stop or stopping.Fixed(),
       eos_id=eos_id, max_new_tokens=max_new_tokens, with_rule_state=True)
-  recorded = (rule_state[1] if isinstance(stop, stopping.Recorder) and rule_state is not None
-              else None)
+  recorded = (rule_state[1] if getattr(stop, 'records_features', False)
+              and rule_state is not None else None)
   return new.record_trace(state.stats.iterations, ~state.done, verdict, recorded)
 
 

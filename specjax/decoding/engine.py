@@ -243,7 +243,8 @@ def block_step(target, draft, form, st: LoopState, keys, *, sampling, verifier, 
   """One iteration for every unfinished row: propose, one target pass, verify, commit (module
   docstring). `keys` = (draft keys [B], verify keys [B]). Returns the new state and the verdict
   (for the loop's own bookkeeping: trace, per-request statistics), and with `with_rule_state` the
-  stop rule's state after the rollout (Proposal.rule_state; a stopping.Recorder's log)."""
+  stop rule's state after the rollout (Proposal.rule_state: an
+  acceptance_predictor.Recorder's log)."""
   draft_keys_B, verify_keys_B = keys
   vocab = target.config.vocab_size
   limit_B = (jnp.where(st.done, 0, stop.limit(st.stats, form.width)) if form.width

@@ -242,8 +242,8 @@ class DecodeOutput:
   were accepted (both -1 once the row had finished); the committed tokens give the corrected /
   bonus token of each iteration. `trace_beta` [B, I, G] holds beta_k = sum_x min(p_k, q_k) of
   each proposed draft (the probability it is accepted given the drafts before it were; 0 past the
-  proposal), and under a stopping.Recorder rule `trace_features` [B, I, G, F] each draft's
-  stopping.FEATURES (zeros otherwise): the log a learned stop rule is fitted on.
+  proposal), and under an acceptance_predictor.Recorder rule `trace_features` [B, I, G, F] each
+  draft's stopping.FEATURES (zeros otherwise): the log a learned stop rule is fitted on.
   """
   tokens: jax.Array
   lengths: jax.Array

@@ -50,8 +50,8 @@ from specjax.decoding import theory
 from specjax.decoding.registry import STOP_RULES
 
 __all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked', 'Budget', 'Learned',
-           'Recorder', 'UnsafeDropLowConfidence', 'FEATURES', 'features', 'STOP_RULES', 'block_widths', 'entropy', 'may_shorten',
-           'optimal_gammas', 'parse', 'register', 'spec', 'takes_block_costs']
+           'UnsafeDropLowConfidence', 'FEATURES', 'features', 'STOP_RULES', 'block_widths',
+           'entropy', 'may_shorten', 'optimal_gammas', 'parse', 'register', 'spec', 'takes_block_costs']
 
 register = STOP_RULES.register
 
@@ -265,8 +265,8 @@ class Budget(AlphaTracked):
     return theory.best_gamma(self.running_alpha(stats), self.costs(gamma), first=1)
 
 
-#: The per-draft signals a learned rule reads (`features`), all known once x_k is drawn: log q_k(x_k),
-#: log max q_k, the entropy H(q_k) in nats, and the depth k (0-based).
+#: The per-draft signals a learned rule reads (`features`), all known once x_k is drawn:
+#: log q_k(x_k), log max q_k, the entropy H(q_k) in nats, and the depth k (0-based).
 FEATURES = ('log_qx', 'log_qmax', 'entropy', 'depth')
 _LOG_FLOOR = -13.8  # log 1e-6: a draft token the draft itself gave ~0 mass is simply "very unsure"
 
@@ -359,39 +359,6 @@ class Learned(StopRule):
     return state < math.log(max(self.threshold, 1e-30)), state
 
 
-@dataclasses.dataclass(frozen=True)
-class Recorder(StopRule):
-  """`inner`'s decisions, and its state carries each draft's `features` [B, G, F] so a traced run
-  logs them (chain.SpecState.trace_features): the training data of a learned rule. It only
-  watches: exact whenever `inner` is."""
-  inner: StopRule = StopRule()
-
-  @property
-  def exact(self):
-    return self.inner.exact
-
-  def spec(self) -> str:
-    return spec(self.inner)
-
-  def limit(self, stats, gamma):
-    return self.inner.limit(stats, gamma)
-
-  def before(self, q_BxV, k):
-    return self.inner.before(q_BxV, k)
-
-  def truncate(self, x_BxG, q_BxGxV, n_B):
-    return self.inner.truncate(x_BxG, q_BxGxV, n_B)
-
-  def start(self, b, gamma):
-    return self.inner.start(b, gamma), jnp.zeros((b, gamma, len(FEATURES)), jnp.float32)
-
-  def after_carry(self, state, q_BxV, x_B, k):
-    inner, f_BxGxF = state
-    stop_B, inner = self.inner.after_carry(inner, q_BxV, x_B, k)
-    f_BxGxF = jax.lax.dynamic_update_index_in_dim(f_BxGxF, features(q_BxV, x_B, k), k, 1)
-    return stop_B, (inner, f_BxGxF)
-
-
 @register('unsafe')
 @dataclasses.dataclass(frozen=True)
 class UnsafeDropLowConfidence(StopRule):
@@ -441,7 +408,7 @@ def may_shorten(rule: StopRule | None) -> bool:
   cannot."""
   if rule is None:
     return False
-  if isinstance(rule, Recorder):
+  if getattr(rule, 'records_features', False):  # acceptance_predictor.Recorder only watches
     return may_shorten(rule.inner)
   return any(getattr(type(rule), hook) is not getattr(StopRule, hook)
              for hook in ('limit', 'before', 'after', 'truncate', 'after_carry'))
