@@ -11,8 +11,9 @@ Shape legend: I logged iterations (all rows'), G the logged block width, F stopp
                    then the threshold on the predicted prod_{j<=k} a_j that maximises the pooled
                    E[tokens] / cost over the same log, E[tokens](n) = 1 + sum_{j<=n}
                    prod_{i<=j} beta_i and cost(n) the caller's price of proposing n drafts (e.g.
-                   stopping.Budget.costs: the block the loop verifies + n c). Returns the rule and
-                   a report (its pooled rate beside each fixed gamma's on the log).
+                   stopping.Budget.costs: the block the loop verifies + n c + the per-iteration
+                   overhead). Returns the rule and a report (its pooled rate beside each fixed
+                   gamma's on the log).
 
 The fitted rule is exact whatever its weights (stopping.Learned): fitting can only make it fast or
 slow, never biased. Fit on verses apart from those it is judged on (experiments/bench_adaptive.py

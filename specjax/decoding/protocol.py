@@ -229,8 +229,8 @@ def rollout(advance: Callable, carry: Any, q_BxV: jax.Array, draw: Callable, *, 
 
   Row b drafts step k only while k < limit_B[b]; `stop.before(view_k, k)` ends it before x_k is
   drawn (n = k), `stop.after_carry(.., view_k, x_k, k)` (`after` with the rule's state) after x_k
-  is kept (n = k + 1). `advance` runs for the
-  whole batch while any row goes on, so a stopped row's later slots hold padding (token 0).
+  is kept (n = k + 1). `advance` runs for the whole batch while any row goes on, so a stopped
+  row's later slots hold padding (token 0).
   Returns a Proposal whose `state` is the final carry.
   """
   b, v = q_BxV.shape

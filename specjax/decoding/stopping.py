@@ -16,7 +16,7 @@ the wrong thing:
                                                   deliberately biased uses it (it sees x_k).
 
 A rule that needs memory across the steps of one rollout (the learned rule's running product of
-predicted acceptances) carries a state: `start(b)` makes it at step 0 and
+predicted acceptances) carries a state: `start(b, gamma)` makes it at step 0 and
 `after_carry(state, q_BxV, x_B, k) -> (stop_B, state)` is the `after` hook with it (the default
 wraps `after`, state ()). The state is built from q_<=k and x_<=k only, so the rule stays exact.
 
@@ -51,7 +51,8 @@ from specjax.decoding.registry import STOP_RULES
 
 __all__ = ['StopRule', 'Fixed', 'Confidence', 'Entropy', 'AlphaTracked', 'Budget', 'Learned',
            'UnsafeDropLowConfidence', 'FEATURES', 'features', 'STOP_RULES', 'block_widths',
-           'entropy', 'may_shorten', 'optimal_gammas', 'parse', 'register', 'spec', 'takes_block_costs']
+           'entropy', 'may_shorten', 'optimal_gammas', 'parse', 'register', 'spec',
+           'takes_block_costs']
 
 register = STOP_RULES.register
 
@@ -318,6 +319,7 @@ class Learned(StopRule):
     return cls.load(arg)
 
   def spec(self) -> str:
+    """'learned:FILE' when loaded from a file (parse reads it back); a label otherwise."""
     return f'learned:{self.source}' if self.source else f'learned@{self.threshold:g}'
 
   @classmethod
