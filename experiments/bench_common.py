@@ -505,7 +505,9 @@ def load_pair_jax(target_dir, draft_dir, dtype=None):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   from specjax.models.checkpoints import load_t5  # pylint: disable=import-outside-toplevel
   dtype = dtype or jnp.float32
-  return load_t5(str(target_dir), dtype=dtype), load_t5(str(draft_dir), dtype=dtype)
+  # The draft as the runner loads it (quantize='lossless': a bf16-saved draft streams bf16).
+  return (load_t5(str(target_dir), dtype=dtype),
+          load_t5(str(draft_dir), dtype=dtype, quantize='lossless'))
 
 
 # ----------------------------------------------------------------------------- prompts

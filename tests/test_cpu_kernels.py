@@ -80,6 +80,29 @@ def test_matmul_differentiates_and_vmaps():
   np.testing.assert_allclose(g, g_ref, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize('weights', cpu_kernels.WEIGHTS)
+def test_matmul_rows_skips_padding_and_keeps_the_rest_bitwise(weights):
+  rng = np.random.default_rng(7)
+  w_kn = jnp.asarray(rng.normal(size=(48, 70)), jnp.float32)
+  w = cpu_kernels.pack(w_kn, weights)
+  x = jnp.asarray(rng.normal(size=(3, 11, 48)), jnp.float32)
+  rows = jnp.array([11, 4, 0], jnp.int32)
+  full = np.asarray(jax.jit(cpu_kernels.matmul)(x, w))
+  out = np.asarray(jax.jit(cpu_kernels.matmul)(x, w, rows))
+  keep = np.arange(11)[None, :] < np.asarray(rows)[:, None]
+  np.testing.assert_array_equal(out[keep], full[keep])  # the same FMA chain per row
+  assert (out[~keep] == 0).all()
+  # Negative control: rows past the count are really skipped (an off-by-one would keep row 4).
+  assert (full[1, 4] != 0).any() and (out[1, 4] == 0).all()
+  g = jax.grad(lambda r: jnp.sum(jnp.sin(cpu_kernels.matmul(r, w, rows))))(x)
+  w_ref = cpu_kernels.unpack(w)
+  g_ref = jax.grad(lambda r: jnp.sum(jnp.where(keep[..., None], jnp.sin(r @ w_ref), 0.0)))(x)
+  np.testing.assert_allclose(g, g_ref, rtol=1e-4, atol=1e-4)  # cos of kernel vs XLA sums
+  assert (np.asarray(g)[~keep] == 0).all()
+  with pytest.raises(ValueError, match='rows_B'):
+    cpu_kernels.matmul(x[0], w, rows)
+
+
 # ----------------------------------------------------------------------------- attention
 
 
@@ -194,6 +217,48 @@ def test_replace_repacks_and_astype_keeps_the_kernel(models):
   b, _ = target.replace(params=new_params).decode(cache, toks, zero)
   assert _rel_err(a, b) < 1e-5  # not the stale packed weights
   assert packed.astype(jnp.float32).packed is not None
+
+
+def test_encoder_skips_padding_without_changing_the_source_tokens(models, monkeypatch):
+  """init_cache multiplies only up to each source's last token: its cache at the source's
+  positions is bitwise what the full products give, and decoding does not depend on padding."""
+  _, packed = models
+  ids = _prompts(s=6)
+  wide = jnp.asarray(np.pad(ids, ((0, 0), (0, 10))))
+  assert list(np.asarray(t5.source_rows(wide != 0))) == [6, 4, 6, 6]
+  skip = jax.jit(packed.init_cache, static_argnums=1)(wide, 16)
+  monkeypatch.setattr(t5, 'source_rows', lambda mask: jnp.full(mask.shape[:1], mask.shape[1]))
+  full = jax.jit(packed.init_cache, static_argnums=1)(wide, 16)
+  monkeypatch.undo()
+  mask = np.asarray(skip.enc_mask)
+  for a, b in zip(skip.cross_k + skip.cross_v, full.cross_k + full.cross_v):
+    a, b = np.asarray(a).transpose(0, 2, 1, 3), np.asarray(b).transpose(0, 2, 1, 3)  # [B, S, ..]
+    np.testing.assert_array_equal(a[mask], b[mask])
+    assert np.isfinite(a).all() and (a[~mask] != b[~mask]).any()  # padding really skipped
+  short = specjax.autoregressive_decode(packed, ids, max_new_tokens=8)
+  long = specjax.autoregressive_decode(packed, np.asarray(wide), max_new_tokens=8)
+  np.testing.assert_array_equal(long.tokens, short.tokens)
+
+
+def test_lossless_storage_is_bf16_only_where_no_weight_changes(tmp_path):
+  target = _target('v11')
+  specjax.save_t5(target, tmp_path / 'f32')
+  assert specjax.load_t5(tmp_path / 'f32', quantize='lossless').weights == 'float32'
+  bf16 = target.replace(params=jax.tree.map(
+      lambda p: p.astype(jnp.bfloat16).astype(jnp.float32), target.params))
+  specjax.save_t5(bf16, tmp_path / 'bf16')
+  exact = specjax.load_t5(tmp_path / 'bf16')
+  lossless = specjax.load_t5(tmp_path / 'bf16', quantize='lossless')
+  assert exact.weights == 'float32' and lossless.weights == 'bfloat16'
+  ids = jnp.asarray(_prompts())
+  toks = jnp.asarray(np.random.default_rng(4).integers(2, 70, (4, 3)), jnp.int32)
+  lengths = jnp.zeros((4,), jnp.int32)
+  out = []
+  for m in (exact, lossless):
+    cache = jax.jit(m.init_cache, static_argnums=1)(ids, 8)
+    out.append(np.asarray(jax.jit(m.decode)(cache, toks, lengths)[0]))
+  np.testing.assert_array_equal(out[1], out[0])  # half the bytes, the same logits
+  assert specjax.load_t5(tmp_path / 'bf16', quantize='lossless', cpu_kernel=False).packed is None
 
 
 def test_load_t5_packs_on_cpu_and_quantizes(tmp_path):

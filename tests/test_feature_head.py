@@ -303,12 +303,13 @@ def test_head_files_roundtrip_and_errors(tmp_path):
 needs_kernel = pytest.mark.skipif(not cpu_kernels.available(), reason=cpu_kernels.status())
 
 
-def _packed(target_head, vocab=None):
+def _packed(target_head, vocab=None, weights=None):
   """The pair with the target on the CPU kernels; the head built for it packs its own weights
-  (cut to the ids `vocab` first, when given)."""
+  (cut to the ids `vocab` first, when given; stored as `weights` says)."""
   target, head = target_head
   target = target.pack()
-  return target, FeatureHeadDraft.for_target(target, (head.params, head.config), vocab=vocab)
+  return target, FeatureHeadDraft.for_target(target, (head.params, head.config), vocab=vocab,
+                                             weights=weights)
 
 
 @needs_kernel
@@ -343,10 +344,10 @@ def test_packed_head_greedy_identical():
 
 
 @functools.lru_cache(maxsize=None)
-def packed_law_pvalue(verifier='token', rows=125, vocab=None):
+def packed_law_pvalue(verifier='token', rows=125, vocab=None, weights=None):
   """law_pvalue's test with the pair on the CPU kernels: N rows in calls of `rows` (rows x block
   tokens stay under cpu_kernels.MAX_ROWS, so the kernels run, not XLA's fallback)."""
-  target, head = _packed(models(), vocab)
+  target, head = _packed(models(), vocab, weights)
   assert rows * (GAMMA + 1) <= cpu_kernels.MAX_ROWS
   key = jax.random.PRNGKey(SEED)
   tokens = [loop.speculative_decode(target, head, np.repeat(PROMPT, rows, axis=0), gamma=GAMMA,
@@ -376,4 +377,54 @@ def test_packed_truncated_head_is_exact():
   np.testing.assert_array_equal(out.tokens, base.tokens)
   p = packed_law_pvalue(vocab=(1, 2, 4, 5, 6, 8, 9, 11))
   print(f'packed truncated head: chi-square p = {p:.3g}')
+  assert p > 1e-3
+
+
+def _head_pass(target, head):
+  ids = jnp.asarray(np.random.RandomState(3).randint(2, 48, (3, 7)), jnp.int32)
+  state = jax.jit(lambda i: head.init(i, 16, target_cache=target.init_cache(i, 16)))(ids)
+  toks = jnp.asarray(np.random.RandomState(4).randint(2, 48, (3, 4)), jnp.int32)
+  feats = jnp.asarray(np.random.RandomState(5).normal(size=(3, 4, head.config.feature_dim)),
+                      jnp.float32)
+  lengths = jnp.array([0, 3, 9], jnp.int32)
+  return jax.jit(lambda h: head_lib.block(head.params, head.config, state.cache,
+                                          head.target_embed_VxDf, state.cross_k, state.cross_v,
+                                          state.enc_mask, toks, feats, lengths, fast=h)[1])
+
+
+@needs_kernel
+def test_packed_head_storage_bf16_where_lossless_and_int8_on_request():
+  """A head whose weights are bf16 values (saved in bf16, as the shipped one) streams bf16 with
+  bitwise the same q; a float32 head stays float32; 'int8' is one quantized head on both paths
+  and stays exact (greedy identity here, the law test below)."""
+  target, head = _greedy_pair()
+  target = target.pack()
+  assert FeatureHeadDraft.for_target(target, (head.params, head.config)).packed['out'].weights \
+      == 'float32'
+  rounded = jax.tree.map(lambda p: p.astype(jnp.bfloat16).astype(jnp.float32), head.params)
+  auto = FeatureHeadDraft.for_target(target, (rounded, head.config))
+  f32 = FeatureHeadDraft.for_target(target, (rounded, head.config), weights='float32')
+  assert auto.packed['out'].weights == 'bfloat16' and f32.packed['out'].weights == 'float32'
+  np.testing.assert_array_equal(np.asarray(_head_pass(target, auto)(auto.packed)),
+                                np.asarray(_head_pass(target, f32)(f32.packed)))
+  i8 = FeatureHeadDraft.for_target(target, (head.params, head.config), weights='int8')
+  assert i8.packed['wi'].weights == 'int8'
+  assert float(jnp.max(jnp.abs(i8.params['wi_1'] - head.params['wi_1']))) > 0  # quantized
+  run = _head_pass(target, i8)
+  fast, ref = run(i8.packed), run(None)  # kernel vs XLA on the quantized params
+  assert float(jnp.max(jnp.abs(fast - ref))) < 1e-5 * float(jnp.max(jnp.abs(ref)))
+  ids = np.random.RandomState(0).randint(2, 48, (3, 9)).astype(np.int32)
+  base = loop.autoregressive_decode(target, ids, max_new_tokens=14)
+  out = loop.speculative_decode(target, i8, ids, gamma=3, max_new_tokens=14)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  with pytest.raises(ValueError, match='weights='):
+    FeatureHeadDraft.for_target(target, (head.params, head.config), weights='int4')
+
+
+@needs_kernel
+def test_int8_head_follows_target_law():
+  """A draft's storage changes q only: the int8 head passes the law test (the always-accept
+  control of test_packed_head_follows_target_law_and_control_is_rejected shows its power)."""
+  p = packed_law_pvalue(weights='int8')
+  print(f'int8 head: chi-square p = {p:.3g}')
   assert p > 1e-3

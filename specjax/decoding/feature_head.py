@@ -62,6 +62,7 @@ from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.model_draft import take_at
 from specjax.decoding.protocol import Proposal, TargetFeatures, TreeProposal
 from specjax.decoding.shapes import TreeShape
+from specjax.models import cpu_kernels
 from specjax.models import head as head_lib
 from specjax.models.t5 import T5Model
 
@@ -96,10 +97,17 @@ class FeatureHeadDraft:
   reads_target = True  # protocol: the loop passes the target's cache and features
 
   @classmethod
-  def for_target(cls, target: T5Model, head, vocab=None) -> 'FeatureHeadDraft':
+  def for_target(cls, target: T5Model, head, vocab=None,
+                 weights: str | None = None) -> 'FeatureHeadDraft':
     """`head`: a head directory (save_head's files) or (params, HeadConfig). `vocab`: None (the
     full vocabulary), V_d (the V_d most frequent ids of the directory's vocab.json) or the kept
-    ids themselves. A one-line ValueError for a bad file or option, before anything compiles."""
+    ids themselves. `weights`: how the CPU kernels store the head's matrices ('float32',
+    'bfloat16', 'int8'); None stores them in bf16 where that changes no value (a head saved in
+    bf16, as the shipped one; half the bytes a pass, the same q) or with the target, else
+    float32. A draft's weights change only q, never the output law, so 'int8' is exact too.
+    A one-line ValueError for a bad file or option, before anything compiles."""
+    if weights not in (None, *cpu_kernels.WEIGHTS):
+      raise ValueError(f'feature head weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
     directory = isinstance(head, (str, bytes)) or hasattr(head, '__fspath__')
     if directory:
       params, config = head_lib.load_head(head, dtype=target.dtype)
@@ -116,8 +124,13 @@ class FeatureHeadDraft:
         slot[keep_Vd] = np.arange(len(keep_Vd), dtype=np.int32)
         slot_V = jnp.asarray(slot)
     # The head's passes go through the CPU kernels wherever the target's decode steps do.
-    weights = 'bfloat16' if target.dtype == jnp.bfloat16 else 'float32'
+    if weights is None:
+      lossless = target.dtype == jnp.bfloat16 or all(
+          bool(jnp.all(p.astype(jnp.bfloat16).astype(p.dtype) == p))
+          for p in jax.tree.leaves(params))
+      weights = 'bfloat16' if lossless else 'float32'
     packed = head_lib.pack_head(params, weights) if target.packed is not None else None
+    params = head_lib.quantize_head(params, weights)  # every path computes the head it stores
     return cls(params=params, target_embed_VxDf=target.params['shared'], config=config,
                slot_V=slot_V, packed=packed)
 

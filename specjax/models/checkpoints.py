@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from specjax.models import cpu_kernels
-from specjax.models.t5 import T5Config, T5Model, init_params
+from specjax.models.t5 import T5Config, T5Model, bf16_exact, init_params
 
 __all__ = ['RULES', 'load_t5', 'load_tokenizer', 'save_t5', 'read_config', 'checkpoint_tensors',
            'convert_state_dict', 'resolve_checkpoint', 'to_hf_state_dict']
@@ -592,9 +592,13 @@ def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None, *, quantize: str | Non
   weights packed for the CPU decode kernel (`T5Model.pack`, specjax.models.cpu_kernels).
   `quantize` ('bfloat16' or 'int8'): the decoder's matrices and head hold quantized values (the
   model is then the quantized target, on every path); the packed copy streams them as stored.
+  'lossless': 'bfloat16' where that changes no weight (`t5.bf16_exact`: a checkpoint saved in
+  bf16, as the shipped pair), else the params as loaded -- the same model, fewer bytes a step
+  (what drafts use: a draft's cost is pure overhead of the speculative loop).
   """
-  if quantize not in (None, 'float32', 'bfloat16', 'int8'):
-    raise ValueError(f"load_t5: quantize={quantize!r}: expected None, 'bfloat16' or 'int8'")
+  if quantize not in (None, 'float32', 'bfloat16', 'int8', 'lossless'):
+    raise ValueError(f"load_t5: quantize={quantize!r}: expected None, 'bfloat16', 'int8' or "
+                     "'lossless'")
   directory = resolve_checkpoint(path_or_hub_id)
   config = read_config(directory)
   sharding_fn = None
@@ -611,6 +615,9 @@ def load_t5(path_or_hub_id, dtype=jnp.float32, mesh=None, *, quantize: str | Non
     cpu_kernel = mesh is None and jax.default_backend() == 'cpu' and cpu_kernels.available()
   if cpu_kernel and not cpu_kernels.available():
     raise ValueError(f'load_t5: cpu_kernel=True but {cpu_kernels.status()}')
+  if quantize == 'lossless':  # only the packed copy's storage can change; XLA's path keeps dtype
+    lossless = cpu_kernel and (dtype == jnp.bfloat16 or bf16_exact(params))
+    quantize = 'bfloat16' if lossless else None
   if cpu_kernel:
     return model.pack(quantize)
   return model if quantize in (None, 'float32') else model.pack(quantize).unpack()

@@ -313,6 +313,67 @@ void matmul(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim,
   });
 }
 
+// The same product over segments: x [B, S, K] -> out [B, S, N], only rows s < rows[b] of segment
+// b computed and the rest zero. An encoder's padded source positions are masked out of everything
+// downstream, so it multiplies only each source's own tokens (the same FMA chain per row).
+template <typename W>
+void matmul_rows(const float* x, int64_t b_dim, int64_t s_dim, int64_t k_dim, int64_t n_dim,
+                 const W* w, const float* scale, const int32_t* rows, float* out) {
+  for (int64_t b = 0; b < b_dim; ++b) {
+    const int64_t r = std::clamp<int64_t>(rows[b], 0, s_dim);
+    if (r < s_dim)
+      std::memset(out + (b * s_dim + r) * n_dim, 0, (s_dim - r) * n_dim * sizeof(float));
+  }
+  const int64_t panels = (n_dim + kPanel - 1) / kPanel;
+  const int64_t panel_bytes = k_dim * kPanel * static_cast<int64_t>(sizeof(W));
+  const int64_t per_chunk = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(panel_bytes, 1));
+  const int64_t chunks = (panels + per_chunk - 1) / per_chunk;
+  Workers::get().run(chunks, [=](int64_t c) {
+    const int64_t p_end = std::min(panels, (c + 1) * per_chunk);
+    for (int64_t p = c * per_chunk; p < p_end; ++p)
+      for (int64_t b = 0; b < b_dim; ++b) {
+        const int64_t r = std::clamp<int64_t>(rows[b], 0, s_dim);
+        if (r > 0)
+          run_panel(x + b * s_dim * k_dim, r, k_dim, n_dim, w, scale, out + b * s_dim * n_dim, p);
+      }
+  });
+}
+
+ffi::Error packed_matmul_rows(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
+                              ffi::Buffer<ffi::F32> scale, ffi::Buffer<ffi::S32> rows,
+                              ffi::ResultBuffer<ffi::F32> out) {
+  auto xd = x.dimensions();
+  auto wd = w.dimensions();
+  auto od = out->dimensions();
+  if (xd.size() != 3 || wd.size() != 3 || od.size() != 3 || wd[2] != kPanel ||
+      rows.element_count() != static_cast<size_t>(xd[0]) || od[0] != xd[0] || od[1] != xd[1] ||
+      wd[1] != xd[2] || wd[0] * kPanel < od[2])
+    return ffi::Error::InvalidArgument(
+        "packed_matmul_rows: expected x [B, S, K], w [P, K, 32], rows [B], out [B, S, N]");
+  const int64_t b_dim = xd[0], s_dim = xd[1], k_dim = xd[2], n_dim = od[2];
+  const float* xs = x.typed_data();
+  const int32_t* rs = rows.typed_data();
+  float* os = out->typed_data();
+  switch (w.element_type()) {
+    case ffi::DataType::F32:
+      matmul_rows(xs, b_dim, s_dim, k_dim, n_dim, w.typed_data<float>(), nullptr, rs, os);
+      break;
+    case ffi::DataType::BF16:
+      matmul_rows(xs, b_dim, s_dim, k_dim, n_dim, static_cast<const uint16_t*>(w.untyped_data()),
+                  nullptr, rs, os);
+      break;
+    case ffi::DataType::S8:
+      if (static_cast<int64_t>(scale.element_count()) < wd[0] * kPanel)
+        return ffi::Error::InvalidArgument("packed_matmul_rows: int8 weights need P * 32 scales");
+      matmul_rows(xs, b_dim, s_dim, k_dim, n_dim, w.typed_data<int8_t>(), scale.typed_data(), rs,
+                  os);
+      break;
+    default:
+      return ffi::Error::InvalidArgument("packed_matmul_rows: weights must be f32, bf16 or int8");
+  }
+  return ffi::Error::Success();
+}
+
 // x [..., M', K] (leading dims fold into M), w [1.., P, K, 32], out [..., N]: the leading 1s and
 // folded dims are what jax's vmap (expand_dims) adds.
 ffi::Error packed_matmul(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
@@ -531,6 +592,14 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxPackedMatmul, packed_matmul,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::AnyBuffer>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxPackedMatmulRows, packed_matmul_rows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttention, attention,

@@ -43,6 +43,7 @@ PANEL = 32         # output columns per panel: the layout contract with cpu_kern
 MAX_ROWS = 512     # larger M (long prefill, teacher forcing) uses XLA's GEMM; measured
                    # ahead of it up to 512 rows (457 against 408 GFLOP/s on 2 AVX-512 cores)
 TARGET = 'specjax_packed_matmul'
+TARGET_ROWS = 'specjax_packed_matmul_rows'
 ATTENTION = 'specjax_attention'
 SAMPLE = 'specjax_sample_cdf'
 ENV = 'SPECJAX_CPU_KERNEL'
@@ -109,16 +110,45 @@ def unpack(w: Packed):
   return full[:, :w.n]
 
 
-def matmul(x_xK, w: Packed):
-  """x [..., K] @ W -> float32 [..., N]: the kernel when built and M <= MAX_ROWS, else XLA."""
+def matmul(x_xK, w: Packed, rows_B=None):
+  """x [..., K] @ W -> float32 [..., N]: the kernel when built and M <= MAX_ROWS, else XLA.
+
+  `rows_B` (int32 [B], x then [B, S, K]): only rows s < rows_B[b] are multiplied, the others are
+  zero (an encoder's padded source positions, which everything downstream masks out)."""
   *lead, k = x_xK.shape
   m = int(np.prod(lead)) if lead else 1
   if k != w.k:
     raise ValueError(f'matmul: x has {k} features, the packed weight {w.k}')
+  if rows_B is not None and x_xK.ndim != 3:
+    raise ValueError(f'matmul: rows_B needs x [B, S, K], got {x_xK.shape}')
   if m > MAX_ROWS or not available():
-    return jnp.einsum('...k,kn->...n', x_xK.astype(jnp.float32), unpack(w))
+    out = jnp.einsum('...k,kn->...n', x_xK.astype(jnp.float32), unpack(w))
+    return out if rows_B is None else jnp.where(_row_mask(rows_B, x_xK.shape[1]), out, 0.0)
+  if rows_B is not None:
+    return _kernel_rows(x_xK.astype(jnp.float32), w.data, w.scale,
+                        jnp.asarray(rows_B, jnp.int32), w.n)
   out = _kernel(x_xK.reshape(m, k).astype(jnp.float32), w.data, w.scale, w.n)
   return out.reshape(*lead, w.n)
+
+
+def _row_mask(rows_B, s: int):
+  return (jnp.arange(s, dtype=jnp.int32)[None, :] < jnp.asarray(rows_B)[:, None])[..., None]
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
+def _kernel_rows(x_BxSxK, data, scale, rows_B, n):
+  b, s, _ = x_BxSxK.shape
+  call = jax.ffi.ffi_call(TARGET_ROWS, jax.ShapeDtypeStruct((b, s, n), jnp.float32),
+                          vmap_method='sequential')
+  return call(x_BxSxK, data, scale, rows_B)
+
+
+@_kernel_rows.defjvp
+def _kernel_rows_jvp(n, primals, tangents):
+  """`_kernel_jvp`'s tangent with the skipped rows zero."""
+  x, data, scale, rows = primals
+  tangent = _tangent(n, (x, data, scale), tangents[:3])
+  return _kernel_rows(x, data, scale, rows, n), jnp.where(_row_mask(rows, x.shape[1]), tangent, 0.0)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
@@ -132,14 +162,16 @@ def _kernel(x_MxK, data, scale, n):
 def _kernel_jvp(n, primals, tangents):
   """Bilinear: the tangent is dx @ W + x @ dW through XLA's dots (so reverse mode transposes it),
   W = stored * scale, dW = d(stored) * scale + stored * d(scale); int8 storage has no tangent."""
+  return _kernel(*primals, n), _tangent(n, primals, tangents)
+
+
+def _tangent(n, primals, tangents):
   x, data, scale = primals
   dx, ddata, dscale = tangents
-  out = _kernel(x, data, scale, n)
   tangent = dx @ unpack(Packed(data=data, scale=scale, n=n))
   if jnp.issubdtype(data.dtype, jnp.floating):
     tangent = tangent + x @ unpack(Packed(data=ddata, scale=scale, n=n))
-  tangent = tangent + x @ unpack(Packed(data=data, scale=dscale, n=n))
-  return out, tangent
+  return tangent + x @ unpack(Packed(data=data, scale=dscale, n=n))
 
 
 def attention(q_BxQxHxDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT):
@@ -238,6 +270,8 @@ def _load() -> str | None:
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
       jax.ffi.register_ffi_target(TARGET, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul),
+                                  platform='cpu')
+      jax.ffi.register_ffi_target(TARGET_ROWS, jax.ffi.pycapsule(lib.SpecjaxPackedMatmulRows),
                                   platform='cpu')
       jax.ffi.register_ffi_target(ATTENTION, jax.ffi.pycapsule(lib.SpecjaxAttention),
                                   platform='cpu')

@@ -199,16 +199,35 @@ class _CrossHeads:
   d_kv: int
 
 
+# The head's products as the CPU kernels make them: q/k/v side by side, the gated FFN's two inputs
+# side by side, and the feature and token outputs in one matrix, so a pass makes 8 products.
+PACKED_GROUPS = {'in_proj': ('in_proj',), 'self_qkv': ('self_q', 'self_k', 'self_v'),
+                 'self_o': ('self_o',), 'cross_q': ('cross_q',), 'cross_o': ('cross_o',),
+                 'wi': ('wi_0', 'wi_1'), 'wo': ('wo',), 'out': ('feat_out', 'lm_head')}
+
+
 def pack_head(params: Params, weights: str = 'float32') -> Params:
-  """The head's matrices in the CPU kernels' layout (cpu_kernels.pack): q/k/v side by side, the
-  gated FFN's two inputs side by side, and the feature and token outputs in one matrix, so a pass
-  makes 8 products. Its passes then run like the target's packed decode steps instead of as ~10
-  separate XLA dots, which cost more per call than the head's arithmetic."""
-  cat = lambda *names: jnp.concatenate([params[n] for n in names], 1)  # noqa: E731
-  mats = {'in_proj': params['in_proj'], 'self_qkv': cat('self_q', 'self_k', 'self_v'),
-          'self_o': params['self_o'], 'cross_q': params['cross_q'], 'cross_o': params['cross_o'],
-          'wi': cat('wi_0', 'wi_1'), 'wo': params['wo'], 'out': cat('feat_out', 'lm_head')}
-  return {n: cpu_kernels.pack(w, weights) for n, w in mats.items()}
+  """The head's matrices in the CPU kernels' layout (cpu_kernels.pack), grouped as PACKED_GROUPS.
+  Its passes then run like the target's packed decode steps instead of as ~10 separate XLA dots,
+  which cost more per call than the head's arithmetic."""
+  return {g: cpu_kernels.pack(jnp.concatenate([params[n] for n in names], 1), weights)
+          for g, names in PACKED_GROUPS.items()}
+
+
+def quantize_head(params: Params, weights: str) -> Params:
+  """params with every packed matrix replaced by the values `pack_head(params, weights)` stores
+  (cpu_kernels.quantize; per output column of the grouped matrix for int8), so the XLA path and
+  the kernels compute the same head. 'float32' changes nothing."""
+  if weights == 'float32':
+    return params
+  out = dict(params)
+  for names in PACKED_GROUPS.values():
+    w = jnp.concatenate([params[n] for n in names], 1)
+    stored, scale = cpu_kernels.quantize(w, weights)
+    wq = (stored.astype(jnp.float32) * scale).astype(w.dtype)
+    edges = np.cumsum([params[n].shape[1] for n in names])[:-1]
+    out.update(zip(names, jnp.split(wq, edges, axis=1)))
+  return out
 
 
 def teacher_forced(params: Params, config: HeadConfig, target_embed_VxDf, cross_k, cross_v,

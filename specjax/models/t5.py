@@ -233,11 +233,12 @@ def attend_fast(q_BxQxHDk, k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT, config: T5Config
   return attend(_heads(q_BxQxHDk, config), k_BxHxTxDk, v_BxHxTxDk, bias_xHxQxT)
 
 
-def dense(x_xI, layer: Params, fast: Params | None, name: str):
+def dense(x_xI, layer: Params, fast: Params | None, name: str, rows_B=None):
   """x @ layer[name], through the packed CPU kernel when the model carries packed weights and the
-  block is small (cpu_kernels.MAX_ROWS rows), else XLA's dot on the canonical weight."""
+  block is small (cpu_kernels.MAX_ROWS rows), else XLA's dot on the canonical weight. `rows_B`
+  (x [B, S, I]): the kernel skips rows s >= rows_B[b] (padding; they come out zero)."""
   if fast is not None and name in fast and kernel_rows(x_xI) <= cpu_kernels.MAX_ROWS:
-    return cpu_kernels.matmul(x_xI, fast[name]).astype(x_xI.dtype)
+    return cpu_kernels.matmul(x_xI, fast[name], rows_B).astype(x_xI.dtype)
   return x_xI @ layer[name]
 
 
@@ -246,21 +247,28 @@ def kernel_rows(x) -> int:
   return math.prod(x.shape[:-1])
 
 
-def fast_split(x_xI, layer, fast, fused: str, names: tuple[str, ...]):
+def fast_split(x_xI, layer, fast, fused: str, names: tuple[str, ...], rows_B=None):
   """The products x @ layer[n] for n in names: one fused packed matmul (`fast[fused]`, the
   weights side by side) on the kernel path, separate dots otherwise."""
   if fast is not None and fused in fast and kernel_rows(x_xI) <= cpu_kernels.MAX_ROWS:
-    return jnp.split(dense(x_xI, layer, fast, fused), len(names), axis=-1)
+    return jnp.split(dense(x_xI, layer, fast, fused, rows_B), len(names), axis=-1)
   return [x_xI @ layer[n] for n in names]
 
 
-def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0, fast=None):
+def feed_forward(layer, x, config: T5Config, dropout=None, site: int = 0, fast=None, rows_B=None):
   if config.gated:
-    a, b = fast_split(x, layer, fast, 'wi', ('wi_0', 'wi_1'))
+    a, b = fast_split(x, layer, fast, 'wi', ('wi_0', 'wi_1'), rows_B)
     h = jax.nn.gelu(a, approximate=True) * b
   else:
-    h = jax.nn.relu(dense(x, layer, fast, 'wi'))
-  return dense(_drop(dropout, h, site), layer, fast, 'wo')
+    h = jax.nn.relu(dense(x, layer, fast, 'wi', rows_B))
+  return dense(_drop(dropout, h, site), layer, fast, 'wo', rows_B)
+
+
+def source_rows(mask_BxS):
+  """Per source, 1 + its last unmasked position (0 if none): the rows the encoder's products
+  need on the kernel path (past them are only pads, masked out of every attention)."""
+  s = mask_BxS.shape[1]
+  return jnp.max(jnp.where(mask_BxS, jnp.arange(1, s + 1, dtype=jnp.int32), 0), axis=1)
 
 
 # ----------------------------------------------------------------------------- encoder
@@ -277,15 +285,17 @@ def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | N
   pos_BxS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   bias = position_bias(enc['rel_bias'], pos_BxS, pos_BxS, bidirectional=True, config=config)
   bias = bias + jnp.where(mask_BxS[:, None, None, :], 0.0, NEG_INF)
+  rows_B = source_rows(mask_BxS)
   for i, layer in enumerate(enc['layers']):
     site = 1 + 3 * i
     fast = None if packed is None else packed['encoder'][i]
     h = rms_norm(x, layer['attn_norm'], config.layer_norm_epsilon)
-    q, k, v = fast_split(h, layer, fast, 'qkv', ('q', 'k', 'v'))
+    q, k, v = fast_split(h, layer, fast, 'qkv', ('q', 'k', 'v'), rows_B)
     att = attend_fast(q, _heads(k, config), _heads(v, config), bias, config, fast)
-    x = x + _drop(dropout, dense(att, layer, fast, 'o'), site)
+    x = x + _drop(dropout, dense(att, layer, fast, 'o', rows_B), site)
     h = rms_norm(x, layer['ffn_norm'], config.layer_norm_epsilon)
-    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 1, fast), site + 2)
+    x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 1, fast, rows_B),
+                  site + 2)
   out = rms_norm(x, enc['final_norm'], config.layer_norm_epsilon)
   return _drop(dropout, out, 999), mask_BxS
 
@@ -322,8 +332,8 @@ def init_cache(params: Params, config: T5Config, input_ids_BxS, max_len: int,
   layers = params['decoder']['layers']
   if packed is not None and kernel_rows(enc_BxSxD) <= cpu_kernels.MAX_ROWS:
     # Every layer's cross keys and values in one product (`pack_model`'s 'cross_kv').
-    kv = jnp.split(cpu_kernels.matmul(enc_BxSxD, packed['cross_kv']).astype(enc_BxSxD.dtype),
-                   2 * len(layers), axis=-1)
+    kv = jnp.split(cpu_kernels.matmul(enc_BxSxD, packed['cross_kv'], source_rows(mask_BxS))
+                   .astype(enc_BxSxD.dtype), 2 * len(layers), axis=-1)
   else:
     kv = [enc_BxSxD @ layer[n] for layer in layers for n in ('cross_k', 'cross_v')]
   cross_k = [_heads(y, config) for y in kv[0::2]]
