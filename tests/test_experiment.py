@@ -164,9 +164,14 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
   hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
   head_lib.save_head(head_lib.init_head_params(hc, jax.random.PRNGKey(0)), hc,
                      tmp_path / 'head')
-  measured = []
+  measured, call_costs = [], []
   monkeypatch.setattr(metrics, 'measure_block_cost',
                       lambda target, batch, cache_len, g: measured.append(g) or 1.6)
+
+  def call_cost(target, draft, batches, *, gamma=0, lengths=(), temperature=0.0):
+    call_costs.append((draft is None, gamma, lengths, temperature))
+    return (3.0, 0.9) if draft is None else (4.0, 2.0)
+  monkeypatch.setattr(metrics, 'measure_call_cost', call_cost)
   spec = _spec(pair_dir, tmp_path / 'out', gammas=(2,), block_cost=True,
                drafts=(str(pair_dir / 'draft'), str(tmp_path / 'head')))
   rows = experiment.run(spec)
@@ -178,7 +183,17 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
     assert r['block_cost'] == 1.6 and r['pred_improvement_measured'] == pytest.approx(
         metrics.predicted_speedup(r['tokens_per_target_call'], r['draft_passes_per_call'],
                                   r['c'], 1.6))
-  assert 'pred (block)' in console.results_table(rows, 'sweep', width=400)
+    assert r['pred_improvement_call'] == pytest.approx(metrics.predicted_sequence_speedup(
+        r['generated_tokens'] / r['examples'], r['tokens_per_target_call'],
+        r['draft_passes_per_call'], r['c'], 1.6, fixed_base=3.0, fixed_spec=4.0,
+        base_per_token=0.9))
+  # The plain loop's costs once per temperature, each draft's fixed cost once (T = 0), all at
+  # lengths 1 and the sweep's max_new_tokens.
+  assert sorted(call_costs) == sorted([(True, 0, (1, spec.max_new_tokens), 0.0),
+                                       (False, 2, (1, spec.max_new_tokens), 0.0),
+                                       (False, 2, (1, spec.max_new_tokens), 0.0)])
+  table = console.results_table(rows, 'sweep', width=400)
+  assert 'pred (block)' in table and 'pred (call)' in table
   assert '| block cost |' in (tmp_path / 'out' / 'table.md').read_text()
   broken = tmp_path / 'broken'
   broken.mkdir()

@@ -118,3 +118,18 @@ def test_oracle_is_not_the_per_iteration_ratio():
   assert rate == pytest.approx(1.2)
   assert theory.pooled_rate(tokens, cost, per_iteration) == pytest.approx(3.55 / 3)
   assert 3.55 / 3 < rate
+
+
+def test_sequence_speedup_adds_the_fixed_cost_per_call():
+  """Without a fixed cost and with the paper's 1 step per token it is predicted_speedup; a fixed
+  cost both loops pay pulls the speedup towards 1, the more the shorter the sequences."""
+  args = dict(tokens_per_call=2.5, draft_passes_per_call=3.0, c=0.1, block_cost=1.2)
+  plain = metrics.predicted_speedup(**args)
+  assert metrics.predicted_sequence_speedup(25.0, **args, fixed_base=0.0,
+                                            fixed_spec=0.0) == pytest.approx(plain)
+  short = metrics.predicted_sequence_speedup(10.0, **args, fixed_base=4.0, fixed_spec=4.0)
+  long = metrics.predicted_sequence_speedup(100.0, **args, fixed_base=4.0, fixed_spec=4.0)
+  assert 1.0 < short < long < plain
+  # (4 + 10 * 0.9) / (5 + 4 * 1.5) by hand: the plain loop's own per-token cost counts too.
+  assert metrics.predicted_sequence_speedup(
+      10.0, **args, fixed_base=4.0, fixed_spec=5.0, base_per_token=0.9) == pytest.approx(13 / 11)

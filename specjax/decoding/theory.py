@@ -62,6 +62,19 @@ def predicted_speedup(tokens_per_call: float, draft_passes_per_call: float, c: f
   return tokens_per_call / (draft_passes_per_call * c + block_cost)
 
 
+def predicted_sequence_speedup(tokens_per_sequence: float, tokens_per_call: float,
+                               draft_passes_per_call: float, c: float, block_cost: float,
+                               fixed_base: float, fixed_spec: float,
+                               base_per_token: float = 1.0) -> float:
+  """`predicted_speedup` for whole decodes of n tokens, in target 1-token steps: each call also
+  pays a fixed cost (the encoders, the first step, dispatch: fixed_base / fixed_spec, measured)
+  that speculation does not shorten, and the plain loop's own cost per token (1 in the paper):
+  (fixed_base + n base_per_token) / (fixed_spec + n / E[tokens per call] (passes c + block))."""
+  iterations = tokens_per_sequence / max(tokens_per_call, 1e-9)
+  spec = fixed_spec + iterations * (draft_passes_per_call * c + block_cost)
+  return (fixed_base + tokens_per_sequence * base_per_token) / spec
+
+
 def best_gamma(alpha_x, cost_G1, first: int = 0):
   """Traced: per alpha the gamma in first .. G maximising E[tokens](alpha, gamma) / cost[gamma],
   ties to the smaller gamma. cost_G1[g] is what an iteration at gamma g costs (any unit);

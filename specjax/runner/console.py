@@ -90,6 +90,11 @@ def _columns(rows, describe):
     at = [c[0] for c in cols].index('speedup (pred)') + 1
     cols.insert(at, ('pred (block)', lambda r: ('-' if r.get('pred_improvement_measured') is None
                                                 else _x(r['pred_improvement_measured'])), 6, True))
+  if any(r.get('pred_improvement_call') is not None for r in rows):  # and the calls' fixed cost
+    at = [c[0] for c in cols].index('pred (block)') + 1 if 'pred (block)' in [
+        c[0] for c in cols] else [c[0] for c in cols].index('speedup (pred)') + 1
+    cols.insert(at, ('pred (call)', lambda r: ('-' if r.get('pred_improvement_call') is None
+                                               else _x(r['pred_improvement_call'])), 6, True))
   if any(r.get('tree') for r in rows):
     cols[4:4] = [('tree', lambda r: r.get('tree') or '-', 9, False)]
   if greedy:

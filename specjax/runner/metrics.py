@@ -17,7 +17,8 @@ import jax.numpy as jnp
 
 from specjax import ops
 from specjax.decoding.theory import (expected_tokens_per_call, operations_factor,  # noqa: F401
-                                     optimal_gamma, predicted_speedup, walltime_improvement)
+                                     optimal_gamma, predicted_sequence_speedup,
+                                     predicted_speedup, walltime_improvement)
 from specjax.timing import Timing, block, time_call, time_interleaved  # noqa: F401
 
 
@@ -126,3 +127,52 @@ def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_
   t_step = timings['step'].median_s / steps
   t_iter = timings['spec'].median_s / iters
   return t_iter / t_step - block_cost - c * int(stats.draft_passes) / iters
+
+
+def measure_call_cost(target, draft, batches, *, gamma: int = 0, lengths=(1, 32),
+                      temperature: float = 0.0, repeats: int = 5, steps: int = 32):
+  """(fixed, per_unit): what decoding `batches` (one call per batch, EOS ignored) costs, in the
+  target's 1-token steps per call, as a straight line through two output lengths. per_unit is
+  per generated token for autoregressive decoding (`draft` None), per iteration for speculative
+  decoding at `gamma`; fixed is what a call costs besides -- the encoders over the source, the
+  first step, dispatch, the result's copy back. Theorem 3.8 prices only the steps; on a small
+  model the fixed part is a sizeable share of a short decode, and speculation does not shorten
+  it (`theory.predicted_sequence_speedup`). The cost per token grows with the cache length, so
+  the long length should be the decodes' own max_new_tokens; the short one, 1, makes `fixed`
+  the 1-length call minus one unit (the least leaning on the slope)."""
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  batches = [jnp.asarray(b) for b in batches]
+  b0 = batches[0]
+  cache_len = max(lengths) + gamma + 1
+  cache = jax.jit(target.init_cache, static_argnums=1)(b0, cache_len)
+  tok_Bx1 = jnp.zeros((b0.shape[0], 1), jnp.int32)
+  lengths_B = jnp.full((b0.shape[0],), cache_len // 2, jnp.int32)
+  outs = {}
+
+  def decode(n):
+    def run():
+      if draft is None:
+        outs[n] = [loop.autoregressive_decode(target, b, rng=i, max_new_tokens=n, eos_id=-1,
+                                              temperature=temperature)
+                   for i, b in enumerate(batches)]
+      else:
+        outs[n] = [loop.speculative_decode(target, draft, b, gamma=gamma, rng=i, eos_id=-1,
+                                           max_new_tokens=n, temperature=temperature)
+                   for i, b in enumerate(batches)]
+      return [o.tokens for o in outs[n]]
+    return run
+
+  fns = {n: decode(n) for n in lengths}
+  fns['step'] = lambda: step_loop(target, cache, tok_Bx1, lengths_B, steps=steps)
+  timings = time_interleaved(fns, repeats=repeats)
+  t_step = timings['step'].median_s / steps
+  short, long = sorted(lengths)
+
+  def units(n):  # per call
+    if draft is None:
+      return float(n)
+    return sum(int(jnp.max(o.stats.iterations)) for o in outs[n]) / len(batches)
+
+  per_call = {n: timings[n].median_s / len(batches) / t_step for n in lengths}
+  per_unit = (per_call[long] - per_call[short]) / max(units(long) - units(short), 1e-9)
+  return per_call[short] - units(short) * per_unit, per_unit

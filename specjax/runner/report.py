@@ -29,6 +29,7 @@ COLUMNS = [
     ('passes/call', 'draft_passes_per_call', '{:.2f}'),
     ('block cost', 'block_cost', '{:.2f}'),
     ('pred (measured lengths, block cost)', 'pred_improvement_measured', '{:.2f}X'),
+    ('pred (+ fixed cost per call)', 'pred_improvement_call', '{:.2f}X'),
     ('tok/call pred', 'tokens_per_target_call_pred', '{:.2f}'), ('c', 'c', '{:.3f}'),
     ('pred', 'pred_improvement', '{:.2f}X'), ('speedup', 'speedup', '{:.2f}X'),
     ('base s', 'baseline_s', '{:.3f}'), ('spec s', 'speculative_s', '{:.3f}'),
