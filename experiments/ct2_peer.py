@@ -5,10 +5,12 @@ own converter, decoded greedily one sequence at a time in a worker process.
 
 Why a worker process: a CTranslate2 translator keeps its own thread pool, whose threads would
 compete with XLA's inside one process (two translators in one process measured 2-4x apart);
-the benchmark talks to one worker per compute type over a pipe and times each round there.
+the benchmark talks to one worker per compute type and thread count over a pipe and times each round there.
 
-Fair to the peer: `intra_threads` = the cores XLA uses, one sequence per call (batch 1, as
-specjax's rows), and the best ISA the CPU has (CTranslate2 picks AVX2 on AMD CPUs unless
+Fair to the peer: timed at `intra_threads` = the cores XLA uses and at 1 (on a 2-core Intel
+Xeon VM its 1-thread setting measured 2.2x faster in float32 and 3.9x in int8; the benchmark
+compares with the faster), one sequence per call (batch 1, as specjax's rows), and the best ISA
+the CPU has (CTranslate2 picks AVX2 on AMD CPUs unless
 CT2_FORCE_CPU_ISA says otherwise: AVX512 measured 1.1x faster on a 2-core AMD EPYC). Greedy is
 `beam_size=1`; CTranslate2's int8 compute types quantize weights AND activations (its own
 scheme), so int8 tokens are not expected to equal specjax's int8 ones.
