@@ -317,15 +317,7 @@ def test_packed_head_pass_matches_xla():
   target, head = _packed(_greedy_pair())
   assert head.packed is not None and FeatureHeadDraft.for_target(
       target.unpack(), (head.params, head.config)).packed is None
-  ids = jnp.asarray(np.random.RandomState(3).randint(2, 48, (3, 7)), jnp.int32)
-  state = jax.jit(lambda i: head.init(i, 16, target_cache=target.init_cache(i, 16)))(ids)
-  toks = jnp.asarray(np.random.RandomState(4).randint(2, 48, (3, 4)), jnp.int32)
-  feats = jnp.asarray(np.random.RandomState(5).normal(size=(3, 4, head.config.feature_dim)),
-                      jnp.float32)
-  lengths = jnp.array([0, 3, 9], jnp.int32)
-  run = jax.jit(lambda h: head_lib.block(head.params, head.config, state.cache,
-                                         head.target_embed_VxDf, state.cross_k, state.cross_v,
-                                         state.enc_mask, toks, feats, lengths, fast=h))
+  run = _head_pass(target, head, outputs=slice(None))
   (f_fast, l_fast, c_fast), (f_ref, l_ref, c_ref) = run(head.packed), run(None)
   for fast, ref in ((f_fast, f_ref), (l_fast, l_ref), (c_fast.self_k, c_ref.self_k)):
     assert float(jnp.max(jnp.abs(fast - ref))) < 1e-5 * float(jnp.max(jnp.abs(ref)))
@@ -380,7 +372,9 @@ def test_packed_truncated_head_is_exact():
   assert p > 1e-3
 
 
-def _head_pass(target, head):
+def _head_pass(target, head, outputs=1):
+  """A jitted head pass over fixed random tokens and features on a fresh state, given the packed
+  weights or None (XLA): `head_lib.block`'s outputs[`outputs`] (default: the logits)."""
   ids = jnp.asarray(np.random.RandomState(3).randint(2, 48, (3, 7)), jnp.int32)
   state = jax.jit(lambda i: head.init(i, 16, target_cache=target.init_cache(i, 16)))(ids)
   toks = jnp.asarray(np.random.RandomState(4).randint(2, 48, (3, 4)), jnp.int32)
@@ -389,7 +383,7 @@ def _head_pass(target, head):
   lengths = jnp.array([0, 3, 9], jnp.int32)
   return jax.jit(lambda h: head_lib.block(head.params, head.config, state.cache,
                                           head.target_embed_VxDf, state.cross_k, state.cross_v,
-                                          state.enc_mask, toks, feats, lengths, fast=h)[1])
+                                          state.enc_mask, toks, feats, lengths, fast=h)[outputs])
 
 
 @needs_kernel

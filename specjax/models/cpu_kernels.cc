@@ -297,19 +297,26 @@ class Workers {
   std::atomic<int> sleeping_{0};
 };
 
-template <typename W>
-void matmul(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim,
-            const W* w, const float* scale, float* out) {
+// fn(p) for every panel p of an N-column weight, split over the caller and the workers in chunks
+// of about 64 KiB of weights: enough chunks to balance two threads, few enough to keep the
+// counter cheap.
+template <typename W, typename F>
+void for_panels(int64_t k_dim, int64_t n_dim, const F& fn) {
   const int64_t panels = (n_dim + kPanel - 1) / kPanel;
-  // About 64 KiB of weights per chunk: enough chunks to balance two threads, few enough to keep
-  // the counter cheap.
   const int64_t panel_bytes = k_dim * kPanel * static_cast<int64_t>(sizeof(W));
   const int64_t per_chunk = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(panel_bytes, 1));
   const int64_t chunks = (panels + per_chunk - 1) / per_chunk;
-  Workers::get().run(chunks, [=](int64_t c) {
+  Workers::get().run(chunks, [&](int64_t c) {
     const int64_t p_end = std::min(panels, (c + 1) * per_chunk);
-    for (int64_t p = c * per_chunk; p < p_end; ++p)
-      run_panel(x, m_dim, k_dim, n_dim, w, scale, out, p);
+    for (int64_t p = c * per_chunk; p < p_end; ++p) fn(p);
+  });
+}
+
+template <typename W>
+void matmul(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim,
+            const W* w, const float* scale, float* out) {
+  for_panels<W>(k_dim, n_dim, [=](int64_t p) {
+    run_panel(x, m_dim, k_dim, n_dim, w, scale, out, p);
   });
 }
 
@@ -324,18 +331,12 @@ void matmul_rows(const float* x, int64_t b_dim, int64_t s_dim, int64_t k_dim, in
     if (r < s_dim)
       std::memset(out + (b * s_dim + r) * n_dim, 0, (s_dim - r) * n_dim * sizeof(float));
   }
-  const int64_t panels = (n_dim + kPanel - 1) / kPanel;
-  const int64_t panel_bytes = k_dim * kPanel * static_cast<int64_t>(sizeof(W));
-  const int64_t per_chunk = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(panel_bytes, 1));
-  const int64_t chunks = (panels + per_chunk - 1) / per_chunk;
-  Workers::get().run(chunks, [=](int64_t c) {
-    const int64_t p_end = std::min(panels, (c + 1) * per_chunk);
-    for (int64_t p = c * per_chunk; p < p_end; ++p)
-      for (int64_t b = 0; b < b_dim; ++b) {
-        const int64_t r = std::clamp<int64_t>(rows[b], 0, s_dim);
-        if (r > 0)
-          run_panel(x + b * s_dim * k_dim, r, k_dim, n_dim, w, scale, out + b * s_dim * n_dim, p);
-      }
+  for_panels<W>(k_dim, n_dim, [=](int64_t p) {
+    for (int64_t b = 0; b < b_dim; ++b) {
+      const int64_t r = std::clamp<int64_t>(rows[b], 0, s_dim);
+      if (r > 0)
+        run_panel(x + b * s_dim * k_dim, r, k_dim, n_dim, w, scale, out + b * s_dim * n_dim, p);
+    }
   });
 }
 
