@@ -81,7 +81,8 @@ def cycles(edges) -> list[list[str]]:
 
 
 LAYERS = [  # (module prefix, layer); the longest matching prefix wins
-    ('specjax.errors', 0), ('specjax.timing', 0), ('specjax.ops', 0), ('specjax.models', 1),
+    ('specjax.errors', 0), ('specjax.timing', 0), ('specjax.ops', 0), ('specjax.programs', 0),
+    ('specjax.models', 1),
     ('specjax.decoding', 2),
     ('specjax.testing', 3), ('specjax.configuring', 3), ('specjax.data', 3),
     ('specjax.runner', 4), ('specjax.training', 4), ('specjax.run', 5), ('specjax.finetune', 5),

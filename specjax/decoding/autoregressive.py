@@ -21,6 +21,7 @@ from specjax.decoding import engine
 from specjax.decoding import sampling as sampling_lib
 from specjax.decoding.stats import DecodeOutput
 from specjax.models.t5 import T5Model
+from specjax.programs import typed_jit
 
 
 @struct.dataclass
@@ -72,7 +73,7 @@ def autoregressive_step(model: T5Model, state: ARState, *, max_new_tokens: int,
                        step=state.step + 1, nan=nan)
 
 
-@functools.partial(jax.jit, static_argnames=('max_new_tokens', 'sampling', 'eos_id'))
+@typed_jit(static_argnames=('max_new_tokens', 'sampling', 'eos_id'))
 def autoregressive_program(model, input_ids_BxS, rng, *, max_new_tokens, sampling, eos_id):
   """The whole autoregressive loop as one jitted program (static: max_new_tokens, sampling from
   make_sampling, eos_id). No input checks (autoregressive_decode does them)."""

@@ -30,6 +30,7 @@ from specjax.decoding import stopping
 from specjax.decoding.model_draft import as_draft
 from specjax.decoding.stats import DecodeOutput, Verdict
 from specjax.models.t5 import T5Model
+from specjax.programs import typed_jit
 
 
 @struct.dataclass
@@ -99,8 +100,8 @@ def speculative_step(target: T5Model, draft, state: SpecState, *, gamma: int,
   return new.record_trace(state.stats.iterations, ~state.done, verdict, recorded)
 
 
-@functools.partial(jax.jit, static_argnames=('gamma', 'max_new_tokens', 'sampling', 'eos_id',
-                                             'trace', 'stop', 'verifier'))
+@typed_jit(static_argnames=('gamma', 'max_new_tokens', 'sampling', 'eos_id',
+                            'trace', 'stop', 'verifier'))
 def speculative_program(target, draft, input_ids_BxS, rng, *, gamma, max_new_tokens, sampling,
                         eos_id, trace=False, stop=None, verifier='token'):
   """The whole speculative loop as one jitted program (static: gamma .. verifier; `sampling` from

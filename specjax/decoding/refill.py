@@ -46,6 +46,7 @@ from specjax.decoding.options import SpecOptions, check_call
 from specjax.decoding.queue import (GAMMA_TRACE, PER_ROW, SHRINK_MIN, SHRINK_STEPS,  # noqa: F401
                                     RefillState, request_keys, shrink_widths, take_rows)
 from specjax.decoding.stats import DecodeOutput, RefillStats
+from specjax.programs import typed_jit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,7 +123,7 @@ def run_width(step, plan: Plan, costs: Costs, st: RefillState, w_next: int) -> R
                             lambda st: jax.lax.switch(decide(plan, costs, st), branches, st), st)
 
 
-@functools.partial(jax.jit, static_argnames=('slots', 'plan', 'shrink'))
+@typed_jit(static_argnames=('slots', 'plan', 'shrink'))
 def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots: int, plan: Plan,
                    shrink: bool = True) -> DecodeOutput:
   """The refill loop as one jitted program. `draft` None: autoregressive (gamma 0 only); `costs`
@@ -148,7 +149,7 @@ def refill_program(target, draft, input_ids_QxS, rng, costs, *, slots: int, plan
 # ----------------------------------------------------------------------------- costs
 
 
-@functools.partial(jax.jit, static_argnames=('plan', 'g', 'steps'))
+@typed_jit(static_argnames=('plan', 'g', 'steps'))
 def pinned_trips(target, draft, st, queue, *, plan: Plan, g: int, steps: int):
   """`steps` trips of the refill loop's body at width g, rows pinned at their lengths and never
   done: what one mid-sequence iteration costs, every per-trip overhead included."""

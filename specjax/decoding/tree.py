@@ -40,6 +40,7 @@ from specjax.decoding.protocol import TreeProposal
 from specjax.decoding.shapes import DynamicTree, TreeShape, parse_tree, parse_trees
 from specjax.decoding.stats import DecodeOutput, TreeStats
 from specjax.decoding.tree_form import Tree, as_tree_draft, decode_tree_features  # noqa: F401
+from specjax.programs import typed_jit
 
 verify_tree = acceptance.verify_tree
 verify_tree_greedy_batch = acceptance.verify_tree_greedy_batch
@@ -76,8 +77,8 @@ def tree_step(target, draft, state: TreeState, *, shape: TreeShape | DynamicTree
   return new
 
 
-@functools.partial(jax.jit, static_argnames=('shape', 'max_new_tokens', 'sampling', 'eos_id',
-                                             'verifier'))
+@typed_jit(static_argnames=('shape', 'max_new_tokens', 'sampling', 'eos_id',
+                            'verifier'))
 def tree_program(target, draft, input_ids_BxS, rng, *, shape, max_new_tokens, sampling, eos_id,
                  verifier='token'):
   """The whole tree loop as one jitted program (unchecked; tree_decode validates)."""

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from specjax.models import cpu_kernels
+from specjax.programs import typed_jit
 
 Params = dict[str, Any]
 
@@ -675,7 +676,7 @@ def _replace(self: T5Model, **updates) -> T5Model:
 T5Model.replace = _replace  # flax.struct installs its own `replace` after the class body
 
 
-@jax.jit
+@typed_jit
 def _jit_logits(model: T5Model, input_ids, decoder_input_ids):
   return teacher_forced_logits(model.params, model.config, input_ids, decoder_input_ids)
 

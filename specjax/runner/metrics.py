@@ -9,7 +9,6 @@ times one decoder step of draft and target inside compiled loops. Shapes: B batc
 
 from __future__ import annotations
 
-import functools
 from typing import Callable
 
 import jax
@@ -19,6 +18,7 @@ from specjax import ops
 from specjax.decoding.theory import (expected_tokens_per_call, operations_factor,  # noqa: F401
                                      optimal_gamma, predicted_sequence_speedup,
                                      predicted_speedup, walltime_improvement)
+from specjax.programs import typed_jit
 from specjax.timing import Timing, block, time_call, time_interleaved  # noqa: F401
 
 
@@ -35,7 +35,7 @@ def keep_outputs(outputs: dict, name: str, fn: Callable[[], list]) -> Callable[[
 # ----------------------------------------------------------------------------- c, measured
 
 
-@functools.partial(jax.jit, static_argnames=('steps',))
+@typed_jit(static_argnames=('steps',))
 def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
   """`steps` decoder steps of K tokens per row at fixed offsets in one program, the cache carried
   and the argmax fed back (nothing is dead code). Used to time steps as the decode loops run them."""
