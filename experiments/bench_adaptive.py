@@ -76,9 +76,9 @@ exactly k + 1 tokens (a rule's program verifies the narrowest compiled width >= 
 up to 2 drafts, up to 3 tokens wider above at G_MAX 8); at B > 1 each row is charged its own k
 (the batch waits for its longest row). Limits: the iterations' starts are the fixed-G run's, not the rule's
 own; it bounds token verification (block verification accepts more than the betas say, so a `blk`
-rule can pass it: no share is given to those). With the feature head the oracle runs at T = 0
-only: there beta_i is the target's argmax against the logged draft alone, while at T > 0 it needs
-the head's q along its own rollout (its predicted features), which is not logged.
+rule can pass it: no share is given to those). With the feature head the betas are the loop's
+own (trace_beta: its verifier's sum_x min(p, q) at every drafted position of the fixed-G block,
+with the q each token was drawn from along the head's own rollout), at every temperature.
 
 The last line printed starts `summary:`: issue 33's Done-when ratios with their goals, the best
 exact rule over the best fixed gamma in tok/s and the best token rule's oracle share, each the
@@ -361,15 +361,13 @@ def run_pair(name, args, gate=None, log=print) -> dict:
           variants=variants_for(temperature, args, c, block_cost, learned, overhead),
           max_new_tokens=args.max_new_tokens,
           repeats=args.repeats, c=c, block_cost=block_cost, stat_seeds=args.stat_seeds, log=log)
-      oracle = {}
-      if args.draft == 'model' or temperature == 0:  # the head's q at T > 0 is not logged
-        beta_IxG, accepted_I = length_oracle.logged_betas(
-            target, draft, np.asarray(padded), batch=batch, temperature=temperature,
-            gamma=oracle_g, max_new_tokens=args.max_new_tokens)
-        oracle = length_oracle.add_oracle(
-            rows, [r for r in rows if _is_fixed(r)],
-            [r for r in rows if _is_rule(r) and r['verifier'] == 'token'], beta_IxG, accepted_I,
-            length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
+      beta_IxG, accepted_I = length_oracle.logged_betas(
+          target, draft, np.asarray(padded), batch=batch, temperature=temperature,
+          gamma=oracle_g, max_new_tokens=args.max_new_tokens)
+      oracle = length_oracle.add_oracle(
+          rows, [r for r in rows if _is_fixed(r)],
+          [r for r in rows if _is_rule(r) and r['verifier'] == 'token'], beta_IxG, accepted_I,
+          length_oracle.iteration_costs(block_cost, c, oracle_g), temperature)
       setting = dict(batch=batch, temperature=temperature, c=c,
                      block_cost={str(k): v for k, v in block_cost.items()}, rows=rows,
                      block_vs_token=block_rows, learned=learned_report, overhead=overhead,
@@ -382,15 +380,12 @@ def run_pair(name, args, gate=None, log=print) -> dict:
         log(bc.markdown_table(block_rows, BLOCK_COLUMNS))
       log(f"best exact rule {setting['best_rule']} vs best fixed {setting['best_fixed']}: "
           f"{setting['rule_vs_fixed']:.3f}x tokens/s")
-      if oracle:
-        log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over "
-            f"{oracle['oracle_iterations']} logged iterations, alpha "
-            f"{oracle['logged_alpha']:.3f}): {oracle['oracle_vs_fixed']:.3f}x the best fixed "
-            f"gamma, {oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
-            f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its "
-            f"gain in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
-      else:
-        log('oracle: none (the feature head at T > 0: its q along its rollout is not logged)')
+      log(f"oracle (knows each beta_i; lengths 0..{oracle_g} over "
+          f"{oracle['oracle_iterations']} logged iterations, alpha "
+          f"{oracle['logged_alpha']:.3f}): {oracle['oracle_vs_fixed']:.3f}x the best fixed "
+          f"gamma, {oracle['oracle_tokens_per_call']:.3f} tok/call; best token rule "
+          f"{oracle['oracle_token_rule']} has {bc.fmt(oracle['oracle_share'], '.2f')} of its "
+          f"gain in tok/s, {bc.fmt(oracle['oracle_share_cost'], '.2f')} in tokens per cost")
       if gate is not None:
         setting['load'], line = bc.table_load(gate, start)
         log(line)

@@ -7,8 +7,10 @@ S source, W decoder width, V vocab.
                    over [start, committed prefix, the iteration's G drafts]: beta_i =
                    sum_x min(p_i, q_i) per drafted position (q and p processed as the loop does;
                    the 0/1 match of the argmaxes at T = 0). The compiled loop is not touched. A
-                   draft that is no T5 model (the feature head) at T = 0 only: beta_i is then
-                   the target's argmax against the logged draft itself.
+                   draft that is no T5 model (the feature head, whose q depends on the features it
+                   predicted along its own rollout): the betas the loop's verifier computed for
+                   every drafted position of the block (`trace_beta`, the same sum_x min(p, q)
+                   with the q each token was drawn from), at any temperature.
   iteration_costs  cost of proposing k = 0..G drafts: the cheapest measured block of >= k + 1
                    tokens + k c, in 1-token target steps.
   add_oracle       theory.oracle_lengths on those, as a row of bench_adaptive's table, and each
@@ -28,8 +30,8 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
   of each model over [start, committed prefix, the iteration's gamma drafts]: (beta [I, gamma],
   accepted [I]) over all rows' iterations (I of them). The run decodes the prompts in chunks of
   `batch`, seeded as the timed runs. beta is the 0/1 match of the argmaxes at temperature 0.
-  `draft` a T5 model, or (temperature 0 only) any draft: its q is then the one-hot of its logged
-  token, which is what a greedy draft's q is."""
+  `draft` a T5 model, or any draft: its betas are then the loop's own (trace_beta), which a
+  fixed-gamma block computes at every drafted position, rejected or not."""
   import jax  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
@@ -38,22 +40,22 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
   from specjax.models.t5 import T5Model  # pylint: disable=import-outside-toplevel
 
   model_q = isinstance(draft, T5Model)
-  if not model_q and temperature > 0:
-    raise ValueError('logged_betas: at T > 0 the draft must be a T5 model (its q is recomputed)')
 
   n = prompts_NxS.shape[0] - prompts_NxS.shape[0] % batch
   start_id = target.config.decoder_start_token_id
   width = max_new_tokens + gamma + 1  # [start, at most max_new_tokens - 1 committed, gamma drafts]
-  src, dec, pos, accepted = [], [], [], []
+  src, dec, pos, accepted, traced = [], [], [], [], []
   for i in range(0, n, batch):
     out = jax.device_get(loop.speculative_decode(
         target, as_draft(draft), prompts_NxS[i:i + batch], gamma=gamma, rng=i // batch,
         max_new_tokens=max_new_tokens, temperature=temperature, trace=True))
     for b in range(out.tokens.shape[0]):
       t = 0
-      for drafts_G, m in zip(out.trace_drafts[b], out.trace_accepted[b]):
+      for drafts_G, m, beta_G in zip(out.trace_drafts[b], out.trace_accepted[b],
+                                     out.trace_beta[b]):
         if m < 0:  # the row had finished
           break
+        traced.append(beta_G)
         row = np.zeros(width, np.int32)
         row[0], row[1:t + 1], row[t + 1:t + 1 + gamma] = start_id, out.tokens[b, :t], drafts_G
         src.append(prompts_NxS[i + b])
@@ -61,6 +63,8 @@ def logged_betas(target, draft, prompts_NxS, *, batch, temperature, gamma, max_n
         pos.append(t)
         accepted.append(int(m))
         t += int(m) + 1
+  if not model_q:
+    return np.asarray(traced, np.float32), np.asarray(accepted)
   pad = -len(src) % rows_per_pass  # whole passes: one program
   src_RxS = np.stack(src + [src[0]] * pad)
   dec_RxW = np.stack(dec + [dec[0]] * pad)
