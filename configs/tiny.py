@@ -34,7 +34,7 @@ def get_config(arg=None):
   c.max_source_len = 64
   c.max_new_tokens = 40
   c.repeats = 5
-  c.block_cost = True  # measured: the (gamma+1)-token step over the 1-token one, fixed call cost
+  c.block_cost = True  # measured: (gamma+1)-token step / 1-token step, call and iteration costs
   c.dtype = 'float32'
   c.output_dir = 'results/tiny'
   if a.smoke:

@@ -183,10 +183,12 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
     assert r['block_cost'] == 1.6 and r['pred_improvement_measured'] == pytest.approx(
         metrics.predicted_speedup(r['tokens_per_target_call'], r['draft_passes_per_call'],
                                   r['c'], 1.6))
+    # The iteration's overhead: its measured cost at gamma 2 beyond 2 passes and the block.
+    assert r['iteration_overhead'] == pytest.approx(2.0 - 2 * r['c'] - 1.6)
     assert r['pred_improvement_call'] == pytest.approx(metrics.predicted_sequence_speedup(
         r['generated_tokens'] / r['examples'], r['tokens_per_target_call'],
         r['draft_passes_per_call'], r['c'], 1.6, fixed_base=3.0, fixed_spec=4.0,
-        base_per_token=0.9))
+        base_per_token=0.9, overhead=2.0 - 2 * r['c'] - 1.6))
   # The plain loop's costs once per temperature, each draft's fixed cost once (T = 0), all at
   # lengths 1 and the sweep's max_new_tokens.
   assert sorted(call_costs) == sorted([(True, 0, (1, spec.max_new_tokens), 0.0),

@@ -133,3 +133,7 @@ def test_sequence_speedup_adds_the_fixed_cost_per_call():
   # (4 + 10 * 0.9) / (5 + 4 * 1.5) by hand: the plain loop's own per-token cost counts too.
   assert metrics.predicted_sequence_speedup(
       10.0, **args, fixed_base=4.0, fixed_spec=5.0, base_per_token=0.9) == pytest.approx(13 / 11)
+  # An iteration's overhead is charged like a wider block: 4 iterations of 1.5 + 0.25 steps.
+  assert metrics.predicted_sequence_speedup(
+      10.0, **args, fixed_base=4.0, fixed_spec=5.0, base_per_token=0.9,
+      overhead=0.25) == pytest.approx(13 / 12)

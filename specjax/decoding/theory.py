@@ -65,13 +65,15 @@ def predicted_speedup(tokens_per_call: float, draft_passes_per_call: float, c: f
 def predicted_sequence_speedup(tokens_per_sequence: float, tokens_per_call: float,
                                draft_passes_per_call: float, c: float, block_cost: float,
                                fixed_base: float, fixed_spec: float,
-                               base_per_token: float = 1.0) -> float:
+                               base_per_token: float = 1.0, overhead: float = 0.0) -> float:
   """`predicted_speedup` for whole decodes of n tokens, in target 1-token steps: each call also
   pays a fixed cost (the encoders, the first step, dispatch: fixed_base / fixed_spec, measured)
-  that speculation does not shorten, and the plain loop's own cost per token (1 in the paper):
-  (fixed_base + n base_per_token) / (fixed_spec + n / E[tokens per call] (passes c + block))."""
+  that speculation does not shorten, the plain loop's own cost per token (1 in the paper), and
+  each iteration what it costs beyond its passes (`overhead`: verification, sampling, commit, a
+  head's window pass being wider than one token): (fixed_base + n base_per_token) /
+  (fixed_spec + n / E[tokens per call] (passes c + block + overhead))."""
   iterations = tokens_per_sequence / max(tokens_per_call, 1e-9)
-  spec = fixed_spec + iterations * (draft_passes_per_call * c + block_cost)
+  spec = fixed_spec + iterations * (draft_passes_per_call * c + block_cost + overhead)
   return (fixed_base + tokens_per_sequence * base_per_token) / spec
 
 

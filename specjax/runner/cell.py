@@ -51,15 +51,15 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
              temperature: float, gamma: int, c: float, *, stop: str = 'fixed',
              verifier: str = 'token', block_cost: float = 1.0, tree: str = '',
              block_costs: tuple[float, ...] | None = None,
-             call_costs: tuple[float, float, float] | None = None) -> CellResult:
+             call_costs: tuple[float, float, float, float] | None = None) -> CellResult:
   """Times baseline vs speculative on the same prompts and collects alpha and quality.
 
   `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c,
   'budget' c and `block_costs`, the measured curve 1, block cost(1) .. block cost(gamma)), gamma
   then its block width G_MAX; `verifier` names the verification rule. A `tree` ('(3,2,1)')
   decodes with that token tree instead (specjax.decoding.tree; no trace picture). `call_costs`
-  (fixed_base, base_per_token, fixed_spec; metrics.measure_call_cost) add the prediction for
-  whole decodes (`theory.predicted_sequence_speedup`)."""
+  (fixed_base, base_per_token, fixed_spec, iteration overhead; metrics.measure_call_cost) add
+  the prediction for whole decodes (`theory.predicted_sequence_speedup`)."""
   rule = stopping.parse(stop, c=c, block_costs=block_costs)
   kw = dict(max_new_tokens=spec.max_new_tokens, temperature=temperature, top_k=spec.top_k,
             top_p=spec.top_p)
@@ -120,10 +120,12 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
       'pred_improvement_call': None if call_costs is None else metrics.predicted_sequence_speedup(
           float(np.sum(spec_len)) / prompts.n, stats.tokens_per_target_call,
           float(stats.draft_passes) / max(int(stats.iterations), 1), c, block_cost,
-          fixed_base=call_costs[0], fixed_spec=call_costs[2], base_per_token=call_costs[1]),
+          fixed_base=call_costs[0], fixed_spec=call_costs[2], base_per_token=call_costs[1],
+          overhead=call_costs[3]),
       'fixed_cost_base': None if call_costs is None else call_costs[0],
       'base_step_per_token': None if call_costs is None else call_costs[1],
       'fixed_cost_spec': None if call_costs is None else call_costs[2],
+      'iteration_overhead': None if call_costs is None else call_costs[3],
       'speedup': timings['baseline'].median_s / timings['speculative'].median_s,
       'baseline_s': timings['baseline'].median_s, 'speculative_s': timings['speculative'].median_s,
       'baseline_compile_s': timings['baseline'].compile_s,

@@ -153,10 +153,15 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
       draft = drafts_lib.build(spec, draft_name, target, tokenizer, task, mesh, identity)
       c = metrics.measure_c(target, draft, prompts.batches_NxBxS[0], cache_len)
       # A call's fixed cost does not depend on the temperature (its sampling is per iteration).
-      fixed_spec = (metrics.measure_call_cost(target, draft, prompts.batches_NxBxS,
-                                              gamma=min(spec.gammas), lengths=lengths,
-                                              temperature=0.0)[0]
-                    if call_base else None)
+      # Its cost per iteration at the smallest gamma, beyond the passes and the block the cost
+      # model charges, is the iteration's overhead (verification, commit, a feature head's
+      # window pass over gamma + 1 positions): charged to every cell of this draft.
+      spec_costs = None
+      if call_base:
+        g0 = min(spec.gammas)
+        fixed_spec, per_iteration = metrics.measure_call_cost(
+            target, draft, prompts.batches_NxBxS, gamma=g0, lengths=lengths, temperature=0.0)
+        spec_costs = (fixed_spec, per_iteration - g0 * c - block_cost.get(g0, 1.0))
       for cell in draft_cells:
         temperature, gamma = cell['temperature'], cell['gamma']
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
@@ -164,7 +169,7 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
                           temperature, gamma, c, stop=cell['stop'], verifier=cell['verifier'],
                           block_cost=block_cost.get(gamma, 1.0), tree=cell.get('tree', ''),
                           block_costs=curve(block_cost, gamma),
-                          call_costs=(call_base[temperature] + (fixed_spec,)
+                          call_costs=(call_base[temperature] + spec_costs
                                       if temperature in call_base else None))
         if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
           shown = (temperature, gamma, label, result.examples)
