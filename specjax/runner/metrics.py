@@ -9,7 +9,8 @@ times one decoder step of draft and target inside compiled loops. Shapes: B batc
 
 from __future__ import annotations
 
-from typing import Callable
+import statistics
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -46,8 +47,19 @@ def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
   return jax.lax.fori_loop(0, steps, body_fn, (cache, tokens_BxK))[1]
 
 
+def _ratio(fns: dict[str, Callable[[], Any]], repeats: int, rounds: int) -> float:
+  """fns['a'] / fns['b'] in time: the median over `rounds` of each round's ratio of interleaved
+  medians. On a small shared host one transient (a neighbour's burst, a late compile thread) can
+  move a single round's ratio by 20%; the middle of three rounds discards it."""
+  ratios = []
+  for _ in range(rounds):
+    timings = time_interleaved(fns, repeats=repeats)
+    ratios.append(timings['a'].median_s / timings['b'].median_s)
+  return statistics.median(ratios)
+
+
 def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
-              steps: int = 32) -> float:
+              steps: int = 32, rounds: int = 3) -> float:
   """c = draft / target time of one decode step, same batch and lengths, each timed inside one
   compiled loop of `steps` steps: the speculative loop runs its steps inside one program, so a
   per-call timing would add the ~0.1 ms dispatch to both and inflate c for small drafts.
@@ -72,15 +84,14 @@ def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
       cache = jax.jit(model.init_cache, static_argnums=1)(ids_BxS, cache_len)
     return lambda: step_loop(model, cache, tok_Bx1, lengths_B, steps=steps)
 
-  timings = time_interleaved({'target': stepper(target), 'draft': stepper(draft)}, repeats=repeats)
-  return timings['draft'].median_s / timings['target'].median_s
+  return _ratio({'a': stepper(draft), 'b': stepper(target)}, repeats, rounds)
 
 
 def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: int = 15,
-                       steps: int = 32) -> float:
+                       steps: int = 32, rounds: int = 3) -> float:
   """The target's (gamma+1)-token decode step over its 1-token step, same batch and offsets, each
-  timed inside one compiled loop (as `measure_c`): the denominator's block cost in
-  `predicted_speedup`."""
+  timed inside one compiled loop (as `measure_c`, the median of `rounds`): the denominator's
+  block cost in `predicted_speedup`."""
   ids_BxS = jnp.asarray(batch_BxS)
   b = ids_BxS.shape[0]
   lengths_B = jnp.full((b,), max(cache_len // 2 - gamma - 1, 0), jnp.int32)
@@ -90,8 +101,7 @@ def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: i
     tok_BxK = jnp.zeros((b, k), jnp.int32)
     return lambda: step_loop(target, cache, tok_BxK, lengths_B, steps=steps)
 
-  timings = time_interleaved({'block': stepper(gamma + 1), 'one': stepper(1)}, repeats=repeats)
-  return timings['block'].median_s / timings['one'].median_s
+  return _ratio({'a': stepper(gamma + 1), 'b': stepper(1)}, repeats, rounds)
 
 
 def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_cost: float,
