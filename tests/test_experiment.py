@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import sys
 
 import pytest
@@ -210,3 +211,15 @@ def test_interleaved_timing_warms_up_with_the_cheaper_call_and_times_the_real_on
   timings = metrics.time_interleaved(fns, repeats=2, warmups={'a': lambda: calls.append('wa')})
   assert calls == ['wa', 'b', 'a', 'b', 'a', 'b']  # a's warm-up replaced, b's is b itself
   assert all(len(t.times_s) == 2 for t in timings.values())
+
+
+def test_paired_ratio_cancels_a_drift_that_a_ratio_of_medians_does_not():
+  # Every pair is a 1.5x speedup; the host runs twice as fast from the third baseline repeat on,
+  # so the baseline's median falls in the slow phase and the speculative one's in the fast one.
+  base = [6.0, 6.0, 6.0, 3.0, 3.0]
+  spec = [4.0, 4.0, 2.0, 2.0, 2.0]
+  timing = lambda ts: metrics.Timing(0.0, statistics.median(ts), tuple(ts))  # noqa: E731
+  assert metrics.paired_ratio(timing(base), timing(spec)) == pytest.approx(1.5)
+  # Control: the ratio of the medians reads the same repeats as a 3x speedup.
+  assert timing(base).median_s / timing(spec).median_s == pytest.approx(3.0)
+  assert metrics.paired_ratio(timing(base), timing(base)) == pytest.approx(1.0)

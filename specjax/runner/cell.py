@@ -126,7 +126,7 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
       'base_step_per_token': None if call_costs is None else call_costs[1],
       'fixed_cost_spec': None if call_costs is None else call_costs[2],
       'iteration_overhead': None if call_costs is None else call_costs[3],
-      'speedup': timings['baseline'].median_s / timings['speculative'].median_s,
+      'speedup': metrics.paired_ratio(timings['baseline'], timings['speculative']),
       'baseline_s': timings['baseline'].median_s, 'speculative_s': timings['speculative'].median_s,
       'baseline_compile_s': timings['baseline'].compile_s,
       'speculative_compile_s': timings['speculative'].compile_s,

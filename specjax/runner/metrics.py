@@ -47,6 +47,14 @@ def step_loop(model, cache, tokens_BxK, lengths_B, *, steps):
   return jax.lax.fori_loop(0, steps, body_fn, (cache, tokens_BxK))[1]
 
 
+def paired_ratio(a: Timing, b: Timing) -> float:
+  """a / b as the median of the repeats' paired ratios, for timings from one `time_interleaved`:
+  each repeat of a is timed right before its partner of b, so a drift of the host between
+  repeats (10-50% on small shared VMs) cancels within a pair, where the ratio of the two medians
+  can pair a slow phase of one with a fast phase of the other."""
+  return statistics.median(x / y for x, y in zip(a.times_s, b.times_s))
+
+
 def _ratio(fns: dict[str, Callable[[], Any]], repeats: int, rounds: int) -> float:
   """fns['a'] / fns['b'] in time: the median over `rounds` of each round's ratio of interleaved
   medians. On a small shared host one transient (a neighbour's burst, a late compile thread) can
