@@ -447,7 +447,8 @@ def summary_line(result) -> str:
   where = ', '.join(f"{pair} B={s['batch']}" for pair, s in shown)
   return (f"summary: adaptive/fixed tok/s T={','.join(f'{t:g}' for t in temps)} "
           f"{bc.fmt(worst('rule_vs_fixed'), '.2f')} (goal {GOALS['rule_vs_fixed']:.2f}); "
-          f"oracle share {bc.fmt(worst('oracle_share'), '.2f')} (goal {GOALS['oracle_share']}); "
+          f"oracle share {bc.fmt(worst('oracle_share'), '.2f')} (goal {GOALS['oracle_share']}; "
+          f"the oracle's own gain: {bc.fmt(worst('oracle_vs_fixed'), '.3f')}x the best fixed); "
           f"worst of {where}")
 
 

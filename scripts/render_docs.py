@@ -279,12 +279,11 @@ ADAPTIVE_CMD = 'python scripts/make_docs.py --only=bench_adaptive'
 
 def render_adaptive(records) -> str:
   """One table per draft (the pair's small T5, the feature head): the newest record of each
-  host."""
-  out, notes = [], []
+  host, each table followed by the names of its other hosts' records."""
+  out = []
   for draft in ('model', 'head'):
     recs = newest(records, 'bench_adaptive', lambda r, d=draft: _draft_of(r) == d)
     shown, note = detailed(recs)
-    notes.append(note)
     for rec in shown:
       rows = []
       for pair in rec['figures'].get('pairs', []):
@@ -305,10 +304,10 @@ def render_adaptive(records) -> str:
           ['pair', 'B', 'T', 'c', 'overhead', 'best fixed gamma', 'best exact stop rule',
            'rule / fixed', 'learned / fixed', 'learned oracle share', 'oracle / fixed',
            "oracle share (best token rule)",
-           'block / token verification, tok/call (min over gamma >= 4)'], rows))
+           'block / token verification, tok/call (min over gamma >= 4)'], rows) + note)
   if not out:
     return missing(ADAPTIVE_CMD)
-  return '\n\n'.join(out) + ''.join(notes)
+  return '\n\n'.join(out)
 
 
 TREE_CMD = 'python scripts/make_docs.py --only=bench_tree'
@@ -324,12 +323,12 @@ def _draft_of(rec) -> str:
 
 def render_trees(records) -> str:
   """One table per draft (the pair's small T5, the feature head): the newest record of each
-  host, every static and dynamic tree against the chain of its budget, and the run's summary."""
-  out, notes = [], []
+  host, every static and dynamic tree against the chain of its budget, and the run's summary;
+  each table followed by the names of its other hosts' records."""
+  out = []
   for draft in ('model', 'head'):
     recs = newest(records, 'bench_tree', lambda r, d=draft: _draft_of(r) == d)
     shown, note = detailed(recs)
-    notes.append(note)
     for rec in shown:
       rows = []
       for pair in rec['figures'].get('pairs', []):
@@ -351,10 +350,10 @@ def render_trees(records) -> str:
       out.append(f"Draft: {DRAFT_NAMES[draft]}. {host_cell(rec)} ({stamp(rec)}):\n\n" + table(
           ['pair', 'T', 'tree', 'verified tokens', 'tok/call', 'vs chain (tok/call)',
            'tok/s vs best chain', 'speedup vs AR'], rows)
-                 + (f'\n\n`{summary}`' if summary else ''))
+                 + (f'\n\n`{summary}`' if summary else '') + note)
   if not out:
     return missing(TREE_CMD)
-  return '\n\n'.join(out) + ''.join(notes)
+  return '\n\n'.join(out)
 
 
 TREE_COST_CMD = 'python scripts/make_docs.py --only=tree_step_cost'

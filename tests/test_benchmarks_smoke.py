@@ -113,7 +113,8 @@ def test_bench_adaptive(tmp_path, capsys):
     if s['temperature'] == 0:
       assert s['logged_agree'] == 1.0
   line = _summary_is_last(printed, 'summary: adaptive/fixed tok/s T=1 ')
-  assert '(goal 1.05); oracle share ' in line and '(goal 0.5)' in line
+  assert '(goal 1.05); oracle share ' in line and '(goal 0.5; ' in line
+  assert "the oracle's own gain: " in line
   assert saved['summary'] == line and '| oracle | 4 | token |' in printed
 
 
