@@ -214,8 +214,9 @@ def test_interleaved_timing_warms_up_with_the_cheaper_call_and_times_the_real_on
 
 
 def test_paired_ratio_cancels_a_drift_that_a_ratio_of_medians_does_not():
-  # Every pair is a 1.5x speedup; the host runs twice as fast from the third baseline repeat on,
-  # so the baseline's median falls in the slow phase and the speculative one's in the fast one.
+  # A 1.5x speedup; the host turns twice as fast between the third baseline repeat and its
+  # partner, so every pair but that one reads 1.5x, while the baseline's median falls in the slow
+  # phase and the speculative one's in the fast one.
   base = [6.0, 6.0, 6.0, 3.0, 3.0]
   spec = [4.0, 4.0, 2.0, 2.0, 2.0]
   timing = lambda ts: metrics.Timing(0.0, statistics.median(ts), tuple(ts))  # noqa: E731

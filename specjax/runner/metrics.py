@@ -57,8 +57,9 @@ def paired_ratio(a: Timing, b: Timing) -> float:
 
 def _ratio(fns: dict[str, Callable[[], Any]], repeats: int, rounds: int) -> float:
   """fns['a'] / fns['b'] in time: the median over `rounds` of each round's ratio of interleaved
-  medians. On a small shared host one transient (a neighbour's burst, a late compile thread) can
-  move a single round's ratio by 20%; the middle of three rounds discards it."""
+  medians. On a small shared host a round's ratio can move by 20% (a neighbour's burst, or a
+  speed phase of the VM that lasts a few rounds); the middle of three rounds discards one such
+  round, though not a phase that outlasts all three."""
   ratios = []
   for _ in range(rounds):
     timings = time_interleaved(fns, repeats=repeats)
