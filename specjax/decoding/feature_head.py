@@ -185,11 +185,16 @@ class FeatureHeadDraft:
     return state.replace(prev_BxNxDf=write(state.prev_BxNxDf, features.hidden_BxG1xD,
                                            features.start_B + 1))
 
-  def _block(self, state: HeadState, cache, tokens_BxK, features_BxKxDf, lengths_B):
-    """head_lib.block with the logits over the target's V (`full_vocab`)."""
-    feat_BxKxDf, logits_BxKxVd, cache = head_lib.block(
+  def _block_d(self, state: HeadState, cache, tokens_BxK, features_BxKxDf, lengths_B):
+    """head_lib.block: (predicted features, logits over the V_d drafted ids, cache)."""
+    return head_lib.block(
         self.params, self.config, cache, self.target_embed_VxDf, state.cross_k, state.cross_v,
         state.enc_mask, tokens_BxK, features_BxKxDf, lengths_B, fast=self.packed)
+
+  def _block(self, state: HeadState, cache, tokens_BxK, features_BxKxDf, lengths_B):
+    """head_lib.block with the logits over the target's V (`full_vocab`)."""
+    feat_BxKxDf, logits_BxKxVd, cache = self._block_d(state, cache, tokens_BxK, features_BxKxDf,
+                                                      lengths_B)
     return feat_BxKxDf, self.full_vocab(logits_BxKxVd), cache
 
   def decode(self, state: HeadState, tokens_BxK, lengths_B):
@@ -215,10 +220,8 @@ class FeatureHeadDraft:
     (logits [B, V] for the token after seq[L], the predicted f_L [B, Df], cache)."""
     g1 = gamma + 1
     w_B = jnp.maximum(lengths_B - gamma, 0)
-    feat_BxG1xDf, logits_BxG1xVd, cache = head_lib.block(
-        self.params, self.config, state.cache, self.target_embed_VxDf, state.cross_k,
-        state.cross_v, state.enc_mask, _rows(seq_BxN, w_B, g1), _rows(state.prev_BxNxDf, w_B, g1),
-        w_B, fast=self.packed)
+    feat_BxG1xDf, logits_BxG1xVd, cache = self._block_d(
+        state, state.cache, _rows(seq_BxN, w_B, g1), _rows(state.prev_BxNxDf, w_B, g1), w_B)
     at_B = (lengths_B - w_B)[:, None, None]
     # Only the one position used goes through `full_vocab` (a gather over V per row).
     return (self.full_vocab(jnp.take_along_axis(logits_BxG1xVd, at_B, axis=1)[:, 0]),
