@@ -18,7 +18,10 @@ Levers (the same weights; `T5Model.pack`, specjax/models/cpu_kernels):
   kernel-bf16   bfloat16 storage: lossless where the weights are bf16 values already (the
                 shipped pair's are: `lossless` in the JSON), else a bf16-rounded target
   kernel-int8   int8 storage with a float32 scale per output column (the int8 target)
-A lever whose storage equals `kernel`'s is skipped.
+  kernel-p32    float32, a second build of the kernel with the AVX2 tile it had before
+                16-column panels (32-column panels, 2-row tiles: cpu_kernels.variant); AVX2
+                hosts only (where the built panel is 16 columns)
+A storage lever whose storage equals `kernel`'s is skipped.
 
 Models: `shipped` (specjax/assets/tiny_pair/target, 24.3M params), `t5-small` and `t5-base`
 (random targets with those shapes, untied 32128-wide head). The floor is the bytes a step must
@@ -38,7 +41,8 @@ os.environ.setdefault('JAX_PLATFORMS', 'cpu')
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_common as bc  # noqa: E402  pylint: disable=wrong-import-position
 
-LEVERS = ('xla', 'kernel', 'kernel-bf16', 'kernel-int8')
+LEVERS = ('xla', 'kernel', 'kernel-bf16', 'kernel-int8', 'kernel-p32')
+P32_FLAGS = '-DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0'
 SHAPES = {  # T5Config keyword arguments of the random targets (untied heads, as bench_common)
     't5-small': dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6,
                      num_decoder_layers=6, num_heads=8, tie_word_embeddings=False,
@@ -97,7 +101,24 @@ def lever_model(base, lever: str):
   """The model a lever runs: XLA's dots, or packed weights in the lever's storage."""
   if lever == 'xla':
     return base
-  return base.pack({'kernel': None, 'kernel-bf16': 'bfloat16', 'kernel-int8': 'int8'}[lever])
+  with lever_context(lever):
+    return base.pack({'kernel': None, 'kernel-bf16': 'bfloat16', 'kernel-int8': 'int8',
+                      'kernel-p32': None}[lever])
+
+
+def lever_context(lever: str):
+  """The kernel build a lever's programs are traced with (cpu_kernels.variant for kernel-p32)."""
+  import contextlib  # pylint: disable=import-outside-toplevel
+  from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
+  if lever == 'kernel-p32':
+    return cpu_kernels.variant(P32_FLAGS, 'p32')
+  return contextlib.nullcontext()
+
+
+def lever_runs_here(lever: str) -> bool:
+  """kernel-p32 only where the built kernel has other panels (AVX2) and can be built."""
+  from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
+  return lever != 'kernel-p32' or (cpu_kernels.available() and cpu_kernels.panel_width() != 32)
 
 
 def step_bytes(model, batch: int, cache_len: int, k: int) -> int:
@@ -127,8 +148,12 @@ def run_model(name: str, args, gate, floor_of) -> dict:
   lossless = t5.bf16_exact(base.params)
   models = {}
   for lever in args.levers.split(','):
+    if not lever_runs_here(lever):
+      print(f'{name}: lever {lever} skipped (the built kernel has 32-column panels already)')
+      continue
     m = lever_model(base, lever)
-    if lever != 'kernel' and 'kernel' in models and m.weights == models['kernel'].weights:
+    if (lever not in ('kernel', 'kernel-p32') and 'kernel' in models
+        and m.weights == models['kernel'].weights):
       continue  # the same storage as load_t5's pick
     models[lever] = m
   if any(m.packed is None for lv, m in models.items() if lv != 'xla'):
@@ -144,15 +169,15 @@ def run_model(name: str, args, gate, floor_of) -> dict:
     for lever, model in models.items():
       for k in ks:
         toks = jnp.full((batch, k), 5, jnp.int32)
-        fns[(lever, k)] = (lambda m=model, t=toks: metrics.step_loop(
-            m, cache, t, lengths, steps=args.steps))
+        fns[(lever, k)] = _stepper(lever, model, cache, toks, lengths, args.steps)
     timing = metrics.time_interleaved(fns, repeats=args.repeats)
     rows = []
     for lever, model in models.items():
       ms = {k: timing[(lever, k)].median_s / args.steps * 1e3 for k in ks}
       floor = floor_of(step_bytes(model, batch, cache_len, 1))
       row = {'lever': lever, 'weights': model.weights, 'batch': batch, 'ms': ms,
-             'lossless': lever in ('xla', 'kernel') or (lever == 'kernel-bf16' and lossless),
+             'lossless': (lever in ('xla', 'kernel', 'kernel-p32')
+                          or (lever == 'kernel-bf16' and lossless)),
              'block_cost': {k: ms[k] / ms[1] for k in ks},
              'compile_s': {k: timing[(lever, k)].compile_s for k in ks},
              'floor_ms': floor, 'step_over_floor': None if not floor else ms[1] / floor,
@@ -166,6 +191,16 @@ def run_model(name: str, args, gate, floor_of) -> dict:
     print(bc.markdown_table([_table_row(r, ks) for r in rows], _columns(ks)))
     print(load_line)
   return out
+
+
+def _stepper(lever, model, cache, toks, lengths, steps):
+  """One timed call: `steps` steps inside one compiled loop, traced with the lever's build."""
+  from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
+
+  def run():
+    with lever_context(lever):
+      return metrics.step_loop(model, cache, toks, lengths, steps=steps)
+  return run
 
 
 def summary_rows(result) -> list[dict]:

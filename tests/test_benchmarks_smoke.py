@@ -45,6 +45,20 @@ def _run(module_name, tmp_path, capsys, *extra):
   return result, saved, printed
 
 
+def test_bench_block(tmp_path, capsys):
+  """Every lever's step times and block costs; the kernel-p32 lever (a second build of the
+  kernel with the former AVX2 tile, traced through cpu_kernels.variant) where it applies."""
+  from specjax.models import cpu_kernels
+  _, saved, printed = _run('bench_block', tmp_path, capsys, '--levers=xla,kernel,kernel-p32')
+  rows = saved['models'][0]['batches'][0]['rows']
+  levers = [r['lever'] for r in rows]
+  p32 = cpu_kernels.available() and cpu_kernels.panel_width() != 32
+  assert levers == ['xla', 'kernel'] + (['kernel-p32'] if p32 else []), (levers, printed)
+  for r in rows:
+    assert r['lossless'] and r['block_cost']['1'] == 1.0 and r['ms']['2'] > 0, r
+  assert [row['tokens'] for row in saved['rows']] == [1, 2]
+
+
 def test_bench_transformers(tmp_path, capsys):
   result, saved, printed = _run('bench_transformers', tmp_path, capsys)
   (pair,) = saved['pairs']

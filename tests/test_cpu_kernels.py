@@ -53,11 +53,33 @@ def test_matmul_matches_reference_and_rows_are_independent(weights, k, n):
     np.testing.assert_array_equal(part, full[:m])
 
 
+def test_other_tiles_give_bitwise_the_same_products():
+  """A second build with another tile (cpu_kernels.variant: 32-column panels, 2-row tiles, no
+  panel pairs) computes every output as the same FMA chain: bitwise what the built tile gives."""
+  rng = np.random.default_rng(3)
+  w = jnp.asarray(rng.normal(size=(67, 75)), jnp.float32)
+  x = jnp.asarray(rng.normal(size=(13, 67)), jnp.float32)
+  ref = {m: np.asarray(jax.jit(lambda a, b: cpu_kernels.matmul(a, b))(x[:m], cpu_kernels.pack(w)))
+         for m in (1, 2, 5, 13)}
+  with cpu_kernels.variant('-DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0',
+                           'test') as width:
+    packed = cpu_kernels.pack(w)
+    assert width == 32 and packed.data.shape == (3, 67, 32)
+    other = {m: np.asarray(jax.jit(lambda a, b: cpu_kernels.matmul(a, b))(x[:m], packed))
+             for m in (1, 2, 5, 13)}
+  assert cpu_kernels.panel_width() in (16, 32) and cpu_kernels.TARGET == 'specjax_packed_matmul'
+  for m, out in ref.items():
+    np.testing.assert_array_equal(other[m], out)
+
+
 def test_quantize_stores_what_unpack_returns():
   rng = np.random.default_rng(0)
   w = jnp.asarray(rng.normal(size=(40, 70)), jnp.float32)
   q8 = cpu_kernels.pack(w, 'int8')
-  assert q8.data.dtype == jnp.int8 and q8.weights == 'int8' and q8.data.shape == (3, 40, 32)
+  c = cpu_kernels.panel_width()  # 16 on AVX2, 32 on AVX-512 (the row tile the registers hold)
+  assert c in (16, 32)
+  assert q8.data.dtype == jnp.int8 and q8.weights == 'int8'
+  assert q8.data.shape == (-(-70 // c), 40, c)
   scale = np.max(np.abs(np.asarray(w)), axis=0) / 127
   err = np.abs(np.asarray(cpu_kernels.unpack(q8)) - np.asarray(w))
   assert (err <= scale / 2 * (1 + 1e-5)).all()
@@ -300,7 +322,9 @@ def test_avx2_build_matches_reference(tmp_path):
         ref = np.asarray(x, np.float64) @ np.asarray(cpu_kernels.unpack(w), np.float64)
         out = np.asarray(cpu_kernels.matmul(x, w))
         assert np.max(np.abs(out - ref)) < 2e-6 * np.max(np.abs(ref)), weights
-        np.testing.assert_array_equal(np.asarray(cpu_kernels.matmul(x[:1], w)), out[:1])
+        for m in (1, 2, 4, 6):  # panel pairs (<= 2 rows), the 6-row tile, its tails: same rows
+          np.testing.assert_array_equal(np.asarray(cpu_kernels.matmul(x[:m], w)), out[:m])
+      assert cpu_kernels.panel_width() == 16
       q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
                  for s in ((2, 3, 4, 24), (2, 4, 19, 24), (2, 4, 19, 24)))
       bias = jnp.zeros((2, 4, 3, 19)).at[..., 15:].set(t5.NEG_INF)

@@ -8,6 +8,14 @@
 // kPanel output columns, each panel contiguous over K), and one pass streams each panel exactly
 // once while all M rows accumulate in registers.
 //
+// The panel width is the ISA's: 32 columns (2 vectors) on AVX-512, whose 32 registers hold an
+// 8-row tile; 16 columns (2 vectors) on AVX2, whose 16 registers hold a 6-row tile (12
+// accumulators). With 32-column panels on AVX2 a tile held 2 rows, and the second tile of a
+// 4-token block re-read each panel from L2 after the DRAM stream had passed: the block's
+// products cost ~1.3 one-token products; with 6-row tiles they cost about one up to 6 rows
+// (gamma <= 5). Tiles of one or two rows take two adjacent panels at once on AVX2 (kPairRows),
+// so a one-token step keeps 4 independent accumulator chains per row as with 32-column panels.
+//
 // Exactness: every output element is one fused multiply-add chain over k = 0 .. K-1 in the same
 // order, whatever M, the row tile or the thread that computes it. So a K-token block gives bitwise
 // the same logits as K one-token steps (tests check this), and greedy speculative decoding stays
@@ -42,12 +50,12 @@ namespace ffi = xla::ffi;
 
 namespace {
 
-constexpr int64_t kPanel = 32;  // output columns per panel (the packed layout's contract)
-
 #if defined(__AVX512F__)
 using Vec = __m512;
 constexpr int kLanes = 16;
-constexpr int kRows = 8;  // row tile: 8 rows x 2 vectors = 16 accumulators of 32 registers
+#define SPECJAX_DEFAULT_PANEL 32  // output columns per panel (the packed layout's contract)
+#define SPECJAX_DEFAULT_ROWS 8    // row tile: 8 rows x 2 vectors = 16 accumulators of 32 registers
+#define SPECJAX_DEFAULT_PAIR_ROWS 0
 inline Vec vzero() { return _mm512_setzero_ps(); }
 inline Vec vbroadcast(float s) { return _mm512_set1_ps(s); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
@@ -79,7 +87,9 @@ inline Vec vload_i8(const int8_t* p) {
 #elif defined(__AVX2__) && defined(__FMA__)
 using Vec = __m256;
 constexpr int kLanes = 8;
-constexpr int kRows = 2;  // 2 rows x 4 vectors = 8 accumulators of 16 registers
+#define SPECJAX_DEFAULT_PANEL 16  // output columns per panel (the packed layout's contract)
+#define SPECJAX_DEFAULT_ROWS 6    // row tile: 6 rows x 2 vectors = 12 accumulators of 16 registers
+#define SPECJAX_DEFAULT_PAIR_ROWS 2  // tiles of <= 2 rows run over two adjacent panels
 inline Vec vzero() { return _mm256_setzero_ps(); }
 inline Vec vbroadcast(float s) { return _mm256_set1_ps(s); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
@@ -121,6 +131,22 @@ inline Vec vload_i8(const int8_t* p) {
 #error "specjax cpu_kernels needs AVX2 with FMA, or AVX-512"
 #endif
 
+// The tile, overridable at build time (cpu_kernels.py `variant`: side-by-side benchmarks of other
+// tiles, e.g. -DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0, the AVX2 tile before).
+#ifndef SPECJAX_PANEL
+#define SPECJAX_PANEL SPECJAX_DEFAULT_PANEL
+#endif
+#ifndef SPECJAX_ROWS
+#define SPECJAX_ROWS SPECJAX_DEFAULT_ROWS
+#endif
+#ifndef SPECJAX_PAIR_ROWS
+#define SPECJAX_PAIR_ROWS SPECJAX_DEFAULT_PAIR_ROWS
+#endif
+constexpr int64_t kPanel = SPECJAX_PANEL;
+constexpr int kRows = SPECJAX_ROWS;
+constexpr int kPairRows = SPECJAX_PAIR_ROWS;
+static_assert(kPanel % kLanes == 0 && kRows >= 1 && kPairRows >= 0 && kPairRows <= kRows,
+              "SPECJAX_PANEL must be a multiple of the vector width; 0 <= PAIR_ROWS <= ROWS");
 constexpr int kVecs = kPanel / kLanes;  // vectors per panel row
 #ifndef SPECJAX_PREFETCH
 #define SPECJAX_PREFETCH 4096
@@ -131,66 +157,84 @@ inline Vec load_weights(const float* p) { return vload(p); }
 inline Vec load_weights(const uint16_t* p) { return vload_bf16(p); }
 inline Vec load_weights(const int8_t* p) { return vload_i8(p); }
 
-// Rows [0, R) of x times one panel: R * kVecs accumulators, one pass over the panel's K rows.
-template <int R, typename W>
+// Rows [0, R) of x times NP adjacent panels (NP * kPanel columns, `cols` of them real): R * kVecs
+// * NP accumulators, one pass over the panels' K rows (NP streams).
+template <int R, int NP, typename W>
 inline void panel_tile(const float* x, int64_t ldx, const W* w, int64_t k_dim, const float* scale,
                        float* out, int64_t ldo, int64_t cols) {
-  Vec acc[R][kVecs];
+  constexpr int kV = kVecs * NP;
+  Vec acc[R][kV];
   for (int r = 0; r < R; ++r)
-    for (int v = 0; v < kVecs; ++v) acc[r][v] = vzero();
+    for (int v = 0; v < kV; ++v) acc[r][v] = vzero();
   constexpr int64_t kRowBytes = kPanel * sizeof(W);
+  const int64_t stride = k_dim * kPanel;  // from one panel to the next
   for (int64_t k = 0; k < k_dim; ++k) {
     // Software prefetch kPrefetch bytes ahead: with several rows per weight the loop issues loads
     // too slowly for the hardware prefetcher to keep DRAM busy (measured: 6 rows streamed at 2/3
     // of the 1-row rate without it). Past the panel's end it reads the next panel: harmless.
-    for (int64_t b = 0; b < kRowBytes; b += 64)
-      _mm_prefetch(reinterpret_cast<const char*>(w + k * kPanel) + kPrefetch + b, _MM_HINT_T0);
-    Vec wv[kVecs];
-    for (int v = 0; v < kVecs; ++v) wv[v] = load_weights(w + k * kPanel + v * kLanes);
+    for (int j = 0; j < NP; ++j)
+      for (int64_t b = 0; b < kRowBytes; b += 64)
+        _mm_prefetch(reinterpret_cast<const char*>(w + j * stride + k * kPanel) + kPrefetch + b,
+                     _MM_HINT_T0);
+    Vec wv[kV];
+    for (int j = 0; j < NP; ++j)
+      for (int v = 0; v < kVecs; ++v)
+        wv[j * kVecs + v] = load_weights(w + j * stride + k * kPanel + v * kLanes);
     for (int r = 0; r < R; ++r) {
       Vec xb = vbroadcast(x[r * ldx + k]);
-      for (int v = 0; v < kVecs; ++v) acc[r][v] = vfma(xb, wv[v], acc[r][v]);
+      for (int v = 0; v < kV; ++v) acc[r][v] = vfma(xb, wv[v], acc[r][v]);
     }
   }
-  if (scale != nullptr) {
-    for (int v = 0; v < kVecs; ++v) {
+  if (scale != nullptr) {  // scales of adjacent panels are adjacent
+    for (int v = 0; v < kV; ++v) {
       Vec s = vload(scale + v * kLanes);
       for (int r = 0; r < R; ++r) acc[r][v] = vmul(acc[r][v], s);
     }
   }
   for (int r = 0; r < R; ++r) {
-    if (cols == kPanel) {
-      for (int v = 0; v < kVecs; ++v) vstore(out + r * ldo + v * kLanes, acc[r][v]);
+    if (cols == NP * kPanel) {
+      for (int v = 0; v < kV; ++v) vstore(out + r * ldo + v * kLanes, acc[r][v]);
     } else {  // the last panel of an N that is not a multiple of kPanel
-      alignas(64) float tmp[kPanel];
-      for (int v = 0; v < kVecs; ++v) vstore(tmp + v * kLanes, acc[r][v]);
+      alignas(64) float tmp[NP * kPanel];
+      for (int v = 0; v < kV; ++v) vstore(tmp + v * kLanes, acc[r][v]);
       std::memcpy(out + r * ldo, tmp, cols * sizeof(float));
     }
   }
 }
 
 // Rows [0, rest) with 0 < rest < kRows: the tile of exactly `rest` rows (chosen at compile time).
-template <int R, typename W>
+template <int R, int NP, typename W>
 inline void tail_tile(int64_t rest, const float* x, int64_t k_dim, const W* w, const float* scale,
                       float* out, int64_t n_dim, int64_t cols) {
   if constexpr (R >= 1) {
-    if (rest == R) return panel_tile<R>(x, k_dim, w, k_dim, scale, out, n_dim, cols);
-    tail_tile<R - 1>(rest, x, k_dim, w, scale, out, n_dim, cols);
+    if (rest == R) return panel_tile<R, NP>(x, k_dim, w, k_dim, scale, out, n_dim, cols);
+    tail_tile<R - 1, NP>(rest, x, k_dim, w, scale, out, n_dim, cols);
   }
 }
 
+// Panels [p, p + np) (np = 1 or 2) for all M rows: a pair in one pass when M <= kPairRows.
 template <typename W>
-void run_panel(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim, const W* w,
-               const float* scale, float* out, int64_t p) {
+void run_panels(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim, const W* w,
+                const float* scale, float* out, int64_t p, int64_t np) {
   const W* wp = w + p * k_dim * kPanel;
   const float* sp = scale == nullptr ? nullptr : scale + p * kPanel;
-  const int64_t cols = std::min(kPanel, n_dim - p * kPanel);
   float* op = out + p * kPanel;
-  int64_t m = 0;
-  for (; m + kRows <= m_dim; m += kRows)  // later row tiles re-read the panel from L1/L2
-    panel_tile<kRows>(x + m * k_dim, k_dim, wp, k_dim, sp, op + m * n_dim, n_dim, cols);
-  if (m < m_dim)
-    tail_tile<kRows - 1>(m_dim - m, x + m * k_dim, k_dim, wp, sp, op + m * n_dim, n_dim, cols);
+  if constexpr (kPairRows > 0) {
+    if (np == 2 && m_dim <= kPairRows) {
+      const int64_t cols = std::min(2 * kPanel, n_dim - p * kPanel);
+      return tail_tile<kPairRows, 2>(m_dim, x, k_dim, wp, sp, op, n_dim, cols);
+    }
+  }
+  for (int64_t j = 0; j < np; ++j, wp += k_dim * kPanel, op += kPanel) {
+    const float* sj = sp == nullptr ? nullptr : sp + j * kPanel;
+    const int64_t cols = std::min(kPanel, n_dim - (p + j) * kPanel);
+    int64_t m = 0;
+    for (; m + kRows <= m_dim; m += kRows)  // later row tiles re-read the panel from L1/L2
+      panel_tile<kRows, 1>(x + m * k_dim, k_dim, wp, k_dim, sj, op + m * n_dim, n_dim, cols);
+    if (m < m_dim)
+      tail_tile<kRows - 1, 1>(m_dim - m, x + m * k_dim, k_dim, wp, sj, op + m * n_dim, n_dim,
+                              cols);
+  }
 }
 
 // Worker threads that stay hot between the kernel calls of a decode step.
@@ -297,26 +341,27 @@ class Workers {
   std::atomic<int> sleeping_{0};
 };
 
-// fn(p) for every panel p of an N-column weight, split over the caller and the workers in chunks
-// of about 64 KiB of weights: enough chunks to balance two threads, few enough to keep the
-// counter cheap.
+// fn(p, np) for panels [p, p + np) (np = 2 but at the end) of an N-column weight, split over the
+// caller and the workers in chunks of an even number of panels, about 64 KiB of weights: enough
+// chunks to balance two threads, few enough to keep the counter cheap.
 template <typename W, typename F>
 void for_panels(int64_t k_dim, int64_t n_dim, const F& fn) {
   const int64_t panels = (n_dim + kPanel - 1) / kPanel;
   const int64_t panel_bytes = k_dim * kPanel * static_cast<int64_t>(sizeof(W));
-  const int64_t per_chunk = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(panel_bytes, 1));
+  const int64_t fit = std::max<int64_t>(1, (64 * 1024) / std::max<int64_t>(panel_bytes, 1));
+  const int64_t per_chunk = 2 * ((fit + 1) / 2);
   const int64_t chunks = (panels + per_chunk - 1) / per_chunk;
   Workers::get().run(chunks, [&](int64_t c) {
     const int64_t p_end = std::min(panels, (c + 1) * per_chunk);
-    for (int64_t p = c * per_chunk; p < p_end; ++p) fn(p);
+    for (int64_t p = c * per_chunk; p < p_end; p += 2) fn(p, std::min<int64_t>(2, p_end - p));
   });
 }
 
 template <typename W>
 void matmul(const float* x, int64_t m_dim, int64_t k_dim, int64_t n_dim,
             const W* w, const float* scale, float* out) {
-  for_panels<W>(k_dim, n_dim, [=](int64_t p) {
-    run_panel(x, m_dim, k_dim, n_dim, w, scale, out, p);
+  for_panels<W>(k_dim, n_dim, [=](int64_t p, int64_t np) {
+    run_panels(x, m_dim, k_dim, n_dim, w, scale, out, p, np);
   });
 }
 
@@ -331,11 +376,12 @@ void matmul_rows(const float* x, int64_t b_dim, int64_t s_dim, int64_t k_dim, in
     if (r < s_dim)
       std::memset(out + (b * s_dim + r) * n_dim, 0, (s_dim - r) * n_dim * sizeof(float));
   }
-  for_panels<W>(k_dim, n_dim, [=](int64_t p) {
+  for_panels<W>(k_dim, n_dim, [=](int64_t p, int64_t np) {
     for (int64_t b = 0; b < b_dim; ++b) {
       const int64_t r = std::clamp<int64_t>(rows[b], 0, s_dim);
       if (r > 0)
-        run_panel(x + b * s_dim * k_dim, r, k_dim, n_dim, w, scale, out + b * s_dim * n_dim, p);
+        run_panels(x + b * s_dim * k_dim, r, k_dim, n_dim, w, scale, out + b * s_dim * n_dim, p,
+                   np);
     }
   });
 }
@@ -350,7 +396,7 @@ ffi::Error packed_matmul_rows(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
       rows.element_count() != static_cast<size_t>(xd[0]) || od[0] != xd[0] || od[1] != xd[1] ||
       wd[1] != xd[2] || wd[0] * kPanel < od[2])
     return ffi::Error::InvalidArgument(
-        "packed_matmul_rows: expected x [B, S, K], w [P, K, 32], rows [B], out [B, S, N]");
+        "packed_matmul_rows: expected x [B, S, K], w [P, K, kPanel], rows [B], out [B, S, N]");
   const int64_t b_dim = xd[0], s_dim = xd[1], k_dim = xd[2], n_dim = od[2];
   const float* xs = x.typed_data();
   const int32_t* rs = rows.typed_data();
@@ -365,7 +411,8 @@ ffi::Error packed_matmul_rows(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
       break;
     case ffi::DataType::S8:
       if (static_cast<int64_t>(scale.element_count()) < wd[0] * kPanel)
-        return ffi::Error::InvalidArgument("packed_matmul_rows: int8 weights need P * 32 scales");
+        return ffi::Error::InvalidArgument(
+            "packed_matmul_rows: int8 weights need P * kPanel scales");
       matmul_rows(xs, b_dim, s_dim, k_dim, n_dim, w.typed_data<int8_t>(), scale.typed_data(), rs,
                   os);
       break;
@@ -375,8 +422,8 @@ ffi::Error packed_matmul_rows(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
   return ffi::Error::Success();
 }
 
-// x [..., M', K] (leading dims fold into M), w [1.., P, K, 32], out [..., N]: the leading 1s and
-// folded dims are what jax's vmap (expand_dims) adds.
+// x [..., M', K] (leading dims fold into M), w [1.., P, K, kPanel], out [..., N]: the leading 1s
+// and folded dims are what jax's vmap (expand_dims) adds.
 ffi::Error packed_matmul(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
                          ffi::Buffer<ffi::F32> scale, ffi::ResultBuffer<ffi::F32> out) {
   auto xd = x.dimensions();
@@ -384,7 +431,8 @@ ffi::Error packed_matmul(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
   auto od = out->dimensions();
   const size_t xr = xd.size(), wr = wd.size(), orank = od.size();
   if (xr < 2 || wr < 3 || orank != xr || wd[wr - 1] != kPanel)
-    return ffi::Error::InvalidArgument("packed_matmul: expected x [M, K], w [P, K, 32], out [M, N]");
+    return ffi::Error::InvalidArgument(
+        "packed_matmul: expected x [M, K], w [P, K, kPanel], out [M, N] (specjax_panel_width)");
   for (size_t i = 0; i + 3 < wr; ++i)
     if (wd[i] != 1) return ffi::Error::InvalidArgument("packed_matmul: batched weights");
   int64_t m_dim = 1;
@@ -407,7 +455,7 @@ ffi::Error packed_matmul(ffi::Buffer<ffi::F32> x, ffi::AnyBuffer w,
       break;
     case ffi::DataType::S8:
       if (static_cast<int64_t>(scale.element_count()) < panels * kPanel)
-        return ffi::Error::InvalidArgument("packed_matmul: int8 weights need P * 32 scales");
+        return ffi::Error::InvalidArgument("packed_matmul: int8 weights need P * kPanel scales");
       matmul(xs, m_dim, k_dim, n_dim, w.typed_data<int8_t>(), scale.typed_data(), os);
       break;
     default:
@@ -616,3 +664,6 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSampleCdf, sample_cdf,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
+
+// The packed layout's panel width for this build (cpu_kernels.py `panel_width`).
+extern "C" int64_t SpecjaxPanelWidth() { return kPanel; }

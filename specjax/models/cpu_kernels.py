@@ -2,7 +2,7 @@
 attention of a few query rows against a cache, and the inverse-CDF draw of a token.
 
 Shape legend: M rows (batch x tokens fed), K input features, N output features, P panels of
-PANEL output columns; B batch, Q query rows, H heads, T keys, Dk head width.
+panel_width() output columns; B batch, Q query rows, H heads, T keys, Dk head width.
 
 A decode step multiplies a few token rows by every weight of the decoder. On XLA:CPU that cost
 1.4-2.6 one-token steps for a gamma+1-token verification block; `matmul` streams each packed
@@ -22,6 +22,7 @@ the quantized target (`quantize` returns the weights it stands for).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import hashlib
@@ -39,7 +40,6 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-PANEL = 32         # output columns per panel: the layout contract with cpu_kernels.cc
 MAX_ROWS = 512     # larger M (long prefill, teacher forcing) uses XLA's GEMM; measured
                    # ahead of it up to 512 rows (457 against 408 GFLOP/s on 2 AVX-512 cores)
 TARGET = 'specjax_packed_matmul'
@@ -56,9 +56,9 @@ SOURCE = Path(__file__).with_name('cpu_kernels.cc')
 class Packed:
   """One weight matrix W [K, N] in the kernel's layout.
 
-  data [P, K, PANEL]: data[p, k, j] = W[k, p*PANEL + j] / scale (zero past N), float32,
-                      bfloat16 or int8
-  scale [P*PANEL]:    float32 per output column (ones unless int8)
+  data [P, K, C]: data[p, k, j] = W[k, p*C + j] / scale (zero past N), float32, bfloat16 or
+                  int8; C = panel_width() when packed (the built kernel's)
+  scale [P*C]:    float32 per output column (ones unless int8)
   """
   data: jax.Array
   scale: jax.Array
@@ -95,18 +95,19 @@ def pack(w_KxN, weights: str = 'float32') -> Packed:
   """W [K, N] in the kernel's panel layout, quantized as `weights` says."""
   stored_KxN, scale_N = quantize(w_KxN, weights)
   k, n = stored_KxN.shape
-  p = -(-n // PANEL)
-  pad = p * PANEL - n
+  c = panel_width()
+  p = -(-n // c)
+  pad = p * c - n
   stored_KxN = jnp.pad(stored_KxN, ((0, 0), (0, pad)))
-  data = stored_KxN.reshape(k, p, PANEL).transpose(1, 0, 2)
+  data = stored_KxN.reshape(k, p, c).transpose(1, 0, 2)
   scale = jnp.pad(scale_N, (0, pad), constant_values=1.0)
   return Packed(data=data, scale=scale.astype(jnp.float32), n=n)
 
 
 def unpack(w: Packed):
   """The float32 W [K, N] that `w` stands for (stored * scale): the XLA reference of `matmul`."""
-  p, k, _ = w.data.shape
-  full = w.data.astype(jnp.float32).transpose(1, 0, 2).reshape(k, p * PANEL) * w.scale
+  p, k, c = w.data.shape
+  full = w.data.astype(jnp.float32).transpose(1, 0, 2).reshape(k, p * c) * w.scale
   return full[:, :w.n]
 
 
@@ -126,8 +127,8 @@ def matmul(x_xK, w: Packed, rows_B=None):
     return out if rows_B is None else jnp.where(_row_mask(rows_B, x_xK.shape[1]), out, 0.0)
   if rows_B is not None:
     return _kernel_rows(x_xK.astype(jnp.float32), w.data, w.scale,
-                        jnp.asarray(rows_B, jnp.int32), w.n)
-  out = _kernel(x_xK.reshape(m, k).astype(jnp.float32), w.data, w.scale, w.n)
+                        jnp.asarray(rows_B, jnp.int32), w.n, TARGET_ROWS)
+  out = _kernel(x_xK.reshape(m, k).astype(jnp.float32), w.data, w.scale, w.n, TARGET)
   return out.reshape(*lead, w.n)
 
 
@@ -135,34 +136,36 @@ def _row_mask(rows_B, s: int):
   return (jnp.arange(s, dtype=jnp.int32)[None, :] < jnp.asarray(rows_B)[:, None])[..., None]
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(4,))
-def _kernel_rows(x_BxSxK, data, scale, rows_B, n):
+# The XLA target name is a static argument (`variant` swaps it), so traces of two builds differ.
+@functools.partial(jax.custom_jvp, nondiff_argnums=(4, 5))
+def _kernel_rows(x_BxSxK, data, scale, rows_B, n, target):
   b, s, _ = x_BxSxK.shape
-  call = jax.ffi.ffi_call(TARGET_ROWS, jax.ShapeDtypeStruct((b, s, n), jnp.float32),
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((b, s, n), jnp.float32),
                           vmap_method='sequential')
   return call(x_BxSxK, data, scale, rows_B)
 
 
 @_kernel_rows.defjvp
-def _kernel_rows_jvp(n, primals, tangents):
+def _kernel_rows_jvp(n, target, primals, tangents):
   """`_kernel_jvp`'s tangent with the skipped rows zero."""
   x, data, scale, rows = primals
   tangent = _tangent(n, (x, data, scale), tangents[:3])
-  return _kernel_rows(x, data, scale, rows, n), jnp.where(_row_mask(rows, x.shape[1]), tangent, 0.0)
+  return (_kernel_rows(x, data, scale, rows, n, target),
+          jnp.where(_row_mask(rows, x.shape[1]), tangent, 0.0))
 
 
-@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
-def _kernel(x_MxK, data, scale, n):
-  call = jax.ffi.ffi_call(TARGET, jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3, 4))
+def _kernel(x_MxK, data, scale, n, target):
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct((x_MxK.shape[0], n), jnp.float32),
                           vmap_method='expand_dims')
   return call(x_MxK, data, scale)
 
 
 @_kernel.defjvp
-def _kernel_jvp(n, primals, tangents):
+def _kernel_jvp(n, target, primals, tangents):
   """Bilinear: the tangent is dx @ W + x @ dW through XLA's dots (so reverse mode transposes it),
   W = stored * scale, dW = d(stored) * scale + stored * d(scale); int8 storage has no tangent."""
-  return _kernel(*primals, n), _tangent(n, primals, tangents)
+  return _kernel(*primals, n, target), _tangent(n, primals, tangents)
 
 
 def _tangent(n, primals, tangents):
@@ -277,6 +280,8 @@ def _load() -> str | None:
                                   platform='cpu')
       jax.ffi.register_ffi_target(SAMPLE, jax.ffi.pycapsule(lib.SpecjaxSampleCdf),
                                   platform='cpu')
+      lib.SpecjaxPanelWidth.restype = ctypes.c_int64
+      _PANEL[0] = int(lib.SpecjaxPanelWidth())
     except (OSError, RuntimeError, AttributeError) as e:
       reason = str(e).splitlines()[0]
   if reason is not None and setting == '1':
@@ -284,6 +289,56 @@ def _load() -> str | None:
   if reason is not None:
     print(f'specjax: CPU decode kernel off ({reason}); using XLA dots', file=sys.stderr)
   return reason
+
+
+_PANEL = [32]  # the loaded kernel's panel width (_load sets it)
+
+
+def panel_width() -> int:
+  """Output columns per panel of the packed layout: the built kernel's (16 on AVX2, 32 on
+  AVX-512: the row tile that fits the ISA's registers, cpu_kernels.cc); 32 without a kernel."""
+  _load()
+  return _PANEL[0]
+
+
+@contextlib.contextmanager
+def variant(cflags: str, suffix: str = 'variant'):
+  """Inside the block, `pack` and `matmul` use a second build of the kernel compiled with extra
+  flags (e.g. '-DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0': another tile), its
+  products registered as their own XLA targets. For benchmarks of the kernel's own settings side
+  by side in one process: programs traced inside the block keep calling that build. Pack inside
+  the block (panel widths may differ) and trace inside it: a jitted function compiled outside
+  for the same shapes is not retraced."""
+  if not available():
+    raise RuntimeError(f'cpu_kernels.variant: {status()}')
+  names = (f'{TARGET}_{suffix}', f'{TARGET_ROWS}_{suffix}')
+  width = _load_variant(cflags, *names)
+  saved = (TARGET, TARGET_ROWS, _PANEL[0])
+  g = globals()
+  g['TARGET'], g['TARGET_ROWS'], _PANEL[0] = (*names, width)
+  try:
+    yield width
+  finally:
+    g['TARGET'], g['TARGET_ROWS'], _PANEL[0] = saved
+
+
+@functools.cache
+def _load_variant(cflags: str, target: str, target_rows: str) -> int:
+  """Builds (cached as `build`) and registers a variant's products; its panel width."""
+  saved = os.environ.get(CFLAGS_ENV)
+  os.environ[CFLAGS_ENV] = f'{saved or ""} {cflags}'.strip()
+  try:
+    lib = ctypes.cdll.LoadLibrary(str(build()))
+  finally:
+    if saved is None:
+      del os.environ[CFLAGS_ENV]
+    else:
+      os.environ[CFLAGS_ENV] = saved
+  jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul), platform='cpu')
+  jax.ffi.register_ffi_target(target_rows, jax.ffi.pycapsule(lib.SpecjaxPackedMatmulRows),
+                              platform='cpu')
+  lib.SpecjaxPanelWidth.restype = ctypes.c_int64
+  return int(lib.SpecjaxPanelWidth())
 
 
 def available() -> bool:
