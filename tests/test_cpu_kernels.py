@@ -72,6 +72,19 @@ def test_other_tiles_give_bitwise_the_same_products():
     np.testing.assert_array_equal(other[m], out)
 
 
+def test_attention_split_over_threads_changes_nothing():
+  """Splitting the (batch row, head) pairs over the workers (a build that always splits) gives
+  bitwise what one thread gives (the shapes here are below the default threshold)."""
+  rng = np.random.default_rng(4)
+  q, k, v = (jnp.asarray(rng.normal(size=s), jnp.float32)
+             for s in ((2, 3, 4, 16), (2, 4, 21, 16), (2, 4, 21, 16)))
+  bias = jnp.zeros((2, 4, 3, 21)).at[..., 17:].set(t5.NEG_INF)
+  one = np.asarray(jax.jit(lambda *a: cpu_kernels.attention(*a))(q, k, v, bias))
+  with cpu_kernels.variant('-DSPECJAX_ATTENTION_SERIAL=0', 'split'):
+    split = np.asarray(jax.jit(lambda *a: cpu_kernels.attention(*a))(q, k, v, bias))
+  np.testing.assert_array_equal(split, one)
+
+
 def test_quantize_stores_what_unpack_returns():
   rng = np.random.default_rng(0)
   w = jnp.asarray(rng.normal(size=(40, 70)), jnp.float32)

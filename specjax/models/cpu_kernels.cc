@@ -550,6 +550,13 @@ void attend_row(const float* q, const float* k, const float* v, const float* bia
 // q [B, Q, H, Dk], k/v [B, H, T, Dk], bias [B|1, H|1, Q|1, T] (size-1 dims broadcast),
 // out [B, Q, H, Dk]. Threads split (b, h) pairs when there is enough work.
 using F32x4 = ffi::Buffer<ffi::F32, 4>;
+// Below this many multiply-adds one thread does it all; above, the (hot) workers split the (b, h)
+// pairs. Measured on the AMD EPYC host (2 cores), whole greedy decodes with the feature head at
+// gamma = 3, side by side in one process: 2^16 (a 4-token block's self-attention splits, a
+// one-token step's does not) was 3-4% faster than 2^18; 2^14 slowed the one-token loop by 3%.
+#ifndef SPECJAX_ATTENTION_SERIAL
+#define SPECJAX_ATTENTION_SERIAL (1 << 16)
+#endif
 
 ffi::Error attention(F32x4 q, F32x4 k, F32x4 v, F32x4 bias,
                      ffi::Result<F32x4> out) {
@@ -577,7 +584,7 @@ ffi::Error attention(F32x4 q, F32x4 k, F32x4 v, F32x4 bias,
       attend_row(qs + row, kh, vh, bs + b * sb + h * sh + i * sq, t_dim, d_dim, s.get(), os + row);
     }
   };
-  if (work < (1 << 18)) {  // a few microseconds: waking a pool thread would cost more
+  if (work < SPECJAX_ATTENTION_SERIAL) {  // a few microseconds: splitting would cost more
     for (int64_t c = 0; c < pairs; ++c) run(c);
   } else {
     Workers::get().run(pairs, run);

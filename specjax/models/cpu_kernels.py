@@ -303,27 +303,28 @@ def panel_width() -> int:
 
 @contextlib.contextmanager
 def variant(cflags: str, suffix: str = 'variant'):
-  """Inside the block, `pack` and `matmul` use a second build of the kernel compiled with extra
-  flags (e.g. '-DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0': another tile), its
+  """Inside the block, `pack`, `matmul` and `attention` use a second build of the kernels with
+  extra flags (e.g. '-DSPECJAX_PANEL=32 -DSPECJAX_ROWS=2 -DSPECJAX_PAIR_ROWS=0': another tile;
+  -DSPECJAX_ATTENTION_SERIAL=N: another threshold for splitting attention over threads), its
   products registered as their own XLA targets. For benchmarks of the kernel's own settings side
   by side in one process: programs traced inside the block keep calling that build. Pack inside
   the block (panel widths may differ) and trace inside it: a jitted function compiled outside
   for the same shapes is not retraced."""
   if not available():
     raise RuntimeError(f'cpu_kernels.variant: {status()}')
-  names = (f'{TARGET}_{suffix}', f'{TARGET_ROWS}_{suffix}')
+  names = (f'{TARGET}_{suffix}', f'{TARGET_ROWS}_{suffix}', f'{ATTENTION}_{suffix}')
   width = _load_variant(cflags, *names)
-  saved = (TARGET, TARGET_ROWS, _PANEL[0])
+  saved = (TARGET, TARGET_ROWS, ATTENTION, _PANEL[0])
   g = globals()
-  g['TARGET'], g['TARGET_ROWS'], _PANEL[0] = (*names, width)
+  g['TARGET'], g['TARGET_ROWS'], g['ATTENTION'], _PANEL[0] = (*names, width)
   try:
     yield width
   finally:
-    g['TARGET'], g['TARGET_ROWS'], _PANEL[0] = saved
+    g['TARGET'], g['TARGET_ROWS'], g['ATTENTION'], _PANEL[0] = saved
 
 
 @functools.cache
-def _load_variant(cflags: str, target: str, target_rows: str) -> int:
+def _load_variant(cflags: str, target: str, target_rows: str, attention_target: str) -> int:
   """Builds (cached as `build`) and registers a variant's products; its panel width."""
   saved = os.environ.get(CFLAGS_ENV)
   os.environ[CFLAGS_ENV] = f'{saved or ""} {cflags}'.strip()
@@ -336,6 +337,8 @@ def _load_variant(cflags: str, target: str, target_rows: str) -> int:
       os.environ[CFLAGS_ENV] = saved
   jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul), platform='cpu')
   jax.ffi.register_ffi_target(target_rows, jax.ffi.pycapsule(lib.SpecjaxPackedMatmulRows),
+                              platform='cpu')
+  jax.ffi.register_ffi_target(attention_target, jax.ffi.pycapsule(lib.SpecjaxAttention),
                               platform='cpu')
   lib.SpecjaxPanelWidth.restype = ctypes.c_int64
   return int(lib.SpecjaxPanelWidth())
