@@ -59,6 +59,20 @@ def test_bench_block(tmp_path, capsys):
   assert [row['tokens'] for row in saved['rows']] == [1, 2]
 
 
+def test_bench_variant(tmp_path, capsys):
+  """Whole decodes with the built kernels and a variant build (the former AVX2 tile), side by
+  side: the same tokens at T = 0, both builds timed."""
+  from specjax.models import cpu_kernels
+  if not cpu_kernels.available():
+    pytest.skip(f'CPU kernel unavailable: {cpu_kernels.status()}')
+  result, saved, printed = _run('bench_variant', tmp_path, capsys)
+  assert [r['build'] for r in saved['rows']] == ['built', 'variant']
+  assert saved['same_tokens'] is True and result['same_tokens'] is True
+  for r in saved['rows']:
+    assert r['ar_ms'] > 0 and r['spec_ms'] > 0 and r['speedup'] > 0, r
+  assert saved['rows'][0]['ar_vs_built'] == 1.0 and '-DSPECJAX_PANEL=32' in printed
+
+
 def test_bench_transformers(tmp_path, capsys):
   result, saved, printed = _run('bench_transformers', tmp_path, capsys)
   (pair,) = saved['pairs']
@@ -211,7 +225,7 @@ def test_profile_step(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the load gate
 
 SCRIPTS = ['bench_transformers', 'bench_bound', 'bench_batch', 'bench_compile', 'profile_step',
-           'gpu_step', 'bench_load']
+           'gpu_step', 'bench_load', 'bench_variant']
 
 
 def _fake_snapshots(load1=0.1, others=0.0, own=1.0, cores=2):
