@@ -551,9 +551,8 @@ void attend_row(const float* q, const float* k, const float* v, const float* bia
 // out [B, Q, H, Dk]. Threads split (b, h) pairs when there is enough work.
 using F32x4 = ffi::Buffer<ffi::F32, 4>;
 // Below this many multiply-adds one thread does it all; above, the (hot) workers split the (b, h)
-// pairs. Measured on the AMD EPYC host (2 cores), whole greedy decodes with the feature head at
-// gamma = 3, side by side in one process: 2^16 (a 4-token block's self-attention splits, a
-// one-token step's does not) was 3-4% faster than 2^18; 2^14 slowed the one-token loop by 3%.
+// pairs: at 2^16 a 4-token block's self-attention splits, a one-token step's does not
+// (experiments/bench_variant.py measures other thresholds; docs/cpu_kernels.md).
 #ifndef SPECJAX_ATTENTION_SERIAL
 #define SPECJAX_ATTENTION_SERIAL (1 << 16)
 #endif
