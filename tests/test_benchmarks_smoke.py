@@ -73,6 +73,19 @@ def test_bench_variant(tmp_path, capsys):
   assert saved['rows'][0]['ar_vs_built'] == 1.0 and '-DSPECJAX_PANEL=32' in printed
 
 
+def test_bench_products(tmp_path, capsys):
+  """Products alone with the built kernels and a variant build (the former AVX2 tile): bitwise
+  the same products (checked by the script), both builds timed, costs relative to M = 1."""
+  from specjax.models import cpu_kernels
+  if not cpu_kernels.available():
+    pytest.skip(f'CPU kernel unavailable: {cpu_kernels.status()}')
+  _, saved, printed = _run('bench_products', tmp_path, capsys)
+  assert [(r['shape'], r['rows']) for r in saved['rows']] == [('64x80', 1), ('64x80', 7)]
+  for r in saved['rows']:
+    assert r['built_ms'] > 0 and r['variant_ms'] > 0 and r['built_vs_variant'] > 0, r
+  assert saved['rows'][0]['built_vs_m1'] == 1.0 and '-DSPECJAX_PANEL=32' in printed
+
+
 def test_bench_transformers(tmp_path, capsys):
   result, saved, printed = _run('bench_transformers', tmp_path, capsys)
   (pair,) = saved['pairs']
@@ -225,7 +238,7 @@ def test_profile_step(tmp_path, capsys):
 # ----------------------------------------------------------------------------- the load gate
 
 SCRIPTS = ['bench_transformers', 'bench_bound', 'bench_batch', 'bench_compile', 'profile_step',
-           'gpu_step', 'bench_load', 'bench_variant']
+           'gpu_step', 'bench_load', 'bench_variant', 'bench_products']
 
 
 def _fake_snapshots(load1=0.1, others=0.0, own=1.0, cores=2):
