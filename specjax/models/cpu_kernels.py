@@ -230,8 +230,9 @@ def _compiler() -> str | None:
   return None
 
 
-def build() -> Path:
-  """Compiles cpu_kernels.cc for this host (once; cached by source, jaxlib, compiler and CPU)."""
+def build(extra_flags: str = '') -> Path:
+  """Compiles cpu_kernels.cc for this host (once; cached by source, jaxlib, compiler, CPU and
+  flags), with $SPECJAX_CPU_KERNEL_CFLAGS and `extra_flags` (a `variant`'s) after the defaults."""
   cxx = _compiler()
   if cxx is None:
     raise RuntimeError('no C++ compiler found (set CXX, or install g++)')
@@ -239,7 +240,8 @@ def build() -> Path:
   if not ({'avx2', 'fma'} <= flags or 'avx512f' in flags):
     raise RuntimeError('the CPU has neither AVX2+FMA nor AVX-512')
   version = subprocess.run([cxx, '--version'], capture_output=True, text=True, check=False).stdout
-  extra = os.environ.get(CFLAGS_ENV, '').split()  # e.g. -march=x86-64-v3 (tests the AVX2 path)
+  # e.g. -march=x86-64-v3 (tests the AVX2 path)
+  extra = os.environ.get(CFLAGS_ENV, '').split() + extra_flags.split()
   key = hashlib.sha256('\0'.join([
       SOURCE.read_text(), jax.__version__, importlib.metadata.version('jaxlib'), version,
       ' '.join(sorted(flags)), platform.machine(), ' '.join(extra)]).encode()).hexdigest()[:16]
@@ -326,15 +328,7 @@ def variant(cflags: str, suffix: str = 'variant'):
 @functools.cache
 def _load_variant(cflags: str, target: str, target_rows: str, attention_target: str) -> int:
   """Builds (cached as `build`) and registers a variant's products; its panel width."""
-  saved = os.environ.get(CFLAGS_ENV)
-  os.environ[CFLAGS_ENV] = f'{saved or ""} {cflags}'.strip()
-  try:
-    lib = ctypes.cdll.LoadLibrary(str(build()))
-  finally:
-    if saved is None:
-      del os.environ[CFLAGS_ENV]
-    else:
-      os.environ[CFLAGS_ENV] = saved
+  lib = ctypes.cdll.LoadLibrary(str(build(cflags)))
   jax.ffi.register_ffi_target(target, jax.ffi.pycapsule(lib.SpecjaxPackedMatmul), platform='cpu')
   jax.ffi.register_ffi_target(target_rows, jax.ffi.pycapsule(lib.SpecjaxPackedMatmulRows),
                               platform='cpu')
