@@ -149,7 +149,10 @@ def run_model(name: str, args, gate, floor_of) -> dict:
   models = {}
   for lever in args.levers.split(','):
     if not lever_runs_here(lever):
-      print(f'{name}: lever {lever} skipped (the built kernel has 32-column panels already)')
+      from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
+      why = ('the built kernel has 32-column panels already' if cpu_kernels.available()
+             else f'no CPU kernel here: {cpu_kernels.status()}')
+      print(f'{name}: lever {lever} skipped ({why})')
       continue
     m = lever_model(base, lever)
     if (lever not in ('kernel', 'kernel-p32') and 'kernel' in models
