@@ -92,7 +92,10 @@ def run_shape(k: int, n: int, args) -> list[dict]:
       packed = [cpu_kernels.pack(w) for w in ws]
       for m in args.row_list:
         fns[(build, m)] = product_loop(packed, m, k, args.loops)
-        products[(build, m)] = np.asarray(jax.jit(cpu_kernels.matmul)(x[:m], packed[0]))
+        # A fresh function per build: jax.jit(cpu_kernels.matmul) would reuse the built trace
+        # inside the variant (same shapes), and the check would compare the built kernel twice.
+        products[(build, m)] = np.asarray(
+            jax.jit(lambda a, b: cpu_kernels.matmul(a, b))(x[:m], packed[0]))
   for m in args.row_list:
     if not np.array_equal(products[('built', m)], products[('variant', m)]):
       raise SystemExit(f'bench_products: the builds differ at K x N = {k}x{n}, M = {m}')
