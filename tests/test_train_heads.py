@@ -80,6 +80,33 @@ def test_head_training_exports_a_draft_that_decodes_exactly(pair, tmp_path):
   np.testing.assert_array_equal(out.tokens, base.tokens)
 
 
+def test_fused_head_trains_on_tapped_layers_and_decodes_exactly(pair, tmp_path):
+  """configs/finetune/bible_head_fused.py:smoke: the head reads the target's decoder layers 0
+  and 1 beside its final state, unrolled 3 passes with decayed weights; the export records the
+  taps, reads the wider features and decodes token-identically to greedy."""
+  import specjax
+  from specjax.decoding.feature_head import FeatureHeadDraft
+  from specjax.training import finetune
+  target_dir, _ = pair
+  cfg = _config('bible_head_fused', 'smoke', tmp_path / 'f', steps=6,
+                **{'model.init_from': target_dir, 'data.train_examples': 32,
+                   'data.eval_examples': 16, 'bleu_batch_size': 16})
+  res = finetune.train(cfg)
+  assert res['steps'] == 6 and 0 < res['dev_alpha3'] <= 1 and 0 < res['dev_alpha'] <= 1
+  target = specjax.load_t5(target_dir)
+  draft = FeatureHeadDraft.for_target(target, res['export_dir'])
+  assert draft.config.feature_taps == (0, 1)
+  assert draft.params['in_proj'].shape[0] == 4 * target.config.d_model
+  ids = np.array([[5, 9, 22, 7, 1], [8, 3, 1, 0, 0]], np.int32)
+  base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)
+  out = specjax.speculative_decode(target, draft, ids, gamma=3, max_new_tokens=8)
+  np.testing.assert_array_equal(out.tokens, base.tokens)
+  cfg.head.feature_taps = (0, 2)  # the random target has 2 decoder layers
+  cfg.workdir = str(tmp_path / 'g')
+  with pytest.raises(ValueError, match='feature taps'):
+    finetune.train(cfg)
+
+
 def test_onpolicy_distillation_lowers_the_divergence(pair, tmp_path):
   from specjax.training import finetune
   target_dir, draft_dir = pair
@@ -117,6 +144,8 @@ def test_divergences_match_their_formulas():
     ('bible_head', 'smoke', 'head.unroll', 0, 'config.head.unroll'),
     ('bible_head', 'smoke', 'head.feature_noise', -1.0, 'config.head.feature_noise'),
     ('bible_head', 'smoke', 'model.init_from', '', 'config.model.init_from'),
+    ('bible_head_fused', 'smoke', 'head.unroll_decay', 0.0, 'config.head.unroll_decay'),
+    ('bible_head_fused', 'smoke', 'head.feature_taps', (1, 1), 'config.head.feature_taps'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.divergence', 'rkl', 'config.onpolicy.divergence'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.temperature', 0.0, 'config.onpolicy.temperature'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.teacher', './nope', 'config.onpolicy.teacher'),

@@ -191,7 +191,8 @@ class DynamicForm(Tree):
     depth_BxM1, anc_BxM1xM1 = chosen_structure(prop.sel_BxM1, self.template)
     block_BxM1 = take_rows(prop.tokens_BxM1, prop.sel_BxM1)
     if protocol.reads_target(draft):
-      return target.decode_tree_features(cache, block_BxM1, st.lengths, depth_BxM1, anc_BxM1xM1)
+      return target.decode_tree_features(cache, block_BxM1, st.lengths, depth_BxM1, anc_BxM1xM1,
+                                         **protocol.feature_kw(draft))
     logits_BxM1xV, cache = target.decode_tree(cache, block_BxM1, st.lengths, depth_BxM1,
                                               anc_BxM1xM1)
     return logits_BxM1xV, None, cache

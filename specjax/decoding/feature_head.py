@@ -96,6 +96,11 @@ class FeatureHeadDraft:
 
   reads_target = True  # protocol: the loop passes the target's cache and features
 
+  @property
+  def feature_taps(self) -> tuple[int, ...]:
+    """The target layers fused beside its final state (protocol.feature_kw)."""
+    return self.config.feature_taps
+
   @classmethod
   def for_target(cls, target: T5Model, head, vocab=None,
                  weights: str | None = None) -> 'FeatureHeadDraft':
@@ -170,7 +175,7 @@ class FeatureHeadDraft:
     del input_ids_BxS
     b = target_cache.enc_mask.shape[0]
     dtype = self.params['in_proj'].dtype
-    prev = jnp.zeros((b, max_len + 1, self.config.feature_dim), dtype)
+    prev = jnp.zeros((b, max_len + 1, self.config.input_dim), dtype)
     prev = prev.at[:, 0].set(self.params['start_feature'].astype(dtype))
     return HeadState(cache=head_lib.init_cache(self.config, b, max_len, dtype),
                      cross_k=target_cache.cross_k[-1], cross_v=target_cache.cross_v[-1],

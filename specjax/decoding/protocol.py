@@ -122,6 +122,14 @@ def reads_target(draft) -> bool:
   return bool(getattr(draft, 'reads_target', False))
 
 
+def feature_kw(draft) -> dict:
+  """The keyword a feature pass takes for a draft that reads several target layers
+  (`feature_taps`, multi-layer fusion); {} for one that reads only the final hidden states, so
+  targets written before taps existed keep working."""
+  taps = tuple(getattr(draft, 'feature_taps', ()) or ())
+  return {'taps': taps} if taps else {}
+
+
 def init_draft(draft, input_ids_BxS, max_len: int, target_cache):
   """draft.init, with the target's cache for drafts that read the target."""
   if reads_target(draft):
@@ -166,7 +174,8 @@ def verify_pass(target, draft, cache, block_BxG1, lengths_B):
   """The target's verification pass: (logits, TargetFeatures or None, cache). The hidden states
   come out of the same pass when the draft reads them."""
   if reads_target(draft):
-    logits, hidden, cache = target.decode_features(cache, block_BxG1, lengths_B)
+    logits, hidden, cache = target.decode_features(cache, block_BxG1, lengths_B,
+                                                   **feature_kw(draft))
     return logits, TargetFeatures(hidden_BxG1xD=hidden, start_B=lengths_B), cache
   logits, cache = target.decode(cache, block_BxG1, lengths_B)
   return logits, None, cache

@@ -27,10 +27,11 @@ def as_tree_draft(draft):
   return protocol.tree_draft(as_draft(draft))
 
 
-def decode_tree_features(target, cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1):
+def decode_tree_features(target, cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1, draft=None):
   """decode_tree that also returns the nodes' final hidden states [B, M1, Df] (the features a
-  head reads), in the same one pass."""
-  return target.decode_tree_features(cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1)
+  head reads, with the layers `draft` taps), in the same one pass."""
+  return target.decode_tree_features(cache, tokens_BxM1, lengths_B, depth_M1, anc_M1xM1,
+                                     **protocol.feature_kw(draft))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Tree:
     """The target's pass over the tree block: (logits, hidden or None, cache)."""
     depth_M1, anc = self.shape.depth_of(), self.shape.ancestors()
     if protocol.reads_target(draft):
-      return decode_tree_features(target, cache, prop.tokens_BxM1, st.lengths, depth_M1, anc)
+      return decode_tree_features(target, cache, prop.tokens_BxM1, st.lengths, depth_M1, anc,
+                                  draft)
     logits_BxM1xV, cache = target.decode_tree(cache, prop.tokens_BxM1, st.lengths, depth_M1, anc)
     return logits_BxM1xV, None, cache
 

@@ -70,6 +70,15 @@ class HeadConfig:
   relative_attention_num_buckets: int = 32
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
+  feature_taps: tuple[int, ...] = ()  # target decoder layers fused beside the final state
+
+  def __post_init__(self):
+    object.__setattr__(self, 'feature_taps', tuple(int(i) for i in self.feature_taps))
+
+  @property
+  def input_dim(self) -> int:
+    """Width of the features the head reads and predicts: the final state, then each tap."""
+    return self.feature_dim * (1 + len(self.feature_taps))
 
   @classmethod
   def for_target(cls, target_config: t5.T5Config, **kw) -> 'HeadConfig':
@@ -87,21 +96,22 @@ class HeadConfig:
       if getattr(self, name) != value:
         raise ValueError(f'feature head {name}={getattr(self, name)} does not fit the target '
                          f'({value}): the head was trained for another target')
+    t5.check_taps(target_config, self.feature_taps)
 
 
 def init_head_params(config: HeadConfig, key, dtype=jnp.float32) -> Params:
   """Random params (T5's init scheme); the start feature starts at zero."""
   d, hd, hc, f = config.d_model, config.num_heads * config.d_kv, (
       config.cross_heads * config.cross_d_kv), config.d_ff
-  df, v = config.feature_dim, config.vocab_size
+  df, di, v = config.feature_dim, config.input_dim, config.vocab_size
   keys = iter(jax.random.split(key, 16))
 
   def normal(shape, std):
     return (std * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
 
   return {
-      'start_feature': jnp.zeros((df,), dtype),
-      'in_proj': normal((2 * df, d), (2 * df) ** -0.5),
+      'start_feature': jnp.zeros((di,), dtype),
+      'in_proj': normal((di + df, d), (di + df) ** -0.5),
       'rel_bias': normal((config.relative_attention_num_buckets, config.num_heads), d ** -0.5),
       'self_norm': jnp.ones((d,), dtype),
       'self_q': normal((d, hd), (d * config.d_kv) ** -0.5), 'self_k': normal((d, hd), d ** -0.5),
@@ -113,7 +123,7 @@ def init_head_params(config: HeadConfig, key, dtype=jnp.float32) -> Params:
       'wi_0': normal((d, f), d ** -0.5), 'wi_1': normal((d, f), d ** -0.5),
       'wo': normal((f, d), f ** -0.5),
       'final_norm': jnp.ones((d,), dtype),
-      'feat_out': normal((d, df), d ** -0.5),
+      'feat_out': normal((d, di), d ** -0.5),
       'lm_head': normal((d, v), d ** -0.5),
   }
 
@@ -155,8 +165,8 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   t = cache.max_len
   dtype = params['in_proj'].dtype
   emb_BxKxDf = target_embed_VxDf[tokens_BxK].astype(dtype)
-  x = t5.dense(jnp.concatenate([features_BxKxDf.astype(dtype), emb_BxKxDf], -1), params, fast,
-               'in_proj')
+  feats = fused_input(features_BxKxDf.astype(dtype), config)
+  x = t5.dense(jnp.concatenate([feats, emb_BxKxDf], -1), params, fast, 'in_proj')
   lengths_B = lengths_B.astype(jnp.int32)
   q_pos_BxK = lengths_B[:, None] + jnp.arange(k, dtype=jnp.int32)[None, :]
   k_pos_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
@@ -185,11 +195,24 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   if fast is not None and t5.kernel_rows(z) <= cpu_kernels.MAX_ROWS:
     # Predicted feature and logits in one product (the kernel's output is float32).
     out = cpu_kernels.matmul(z, fast['out'])
-    feat_BxKxDf, logits = out[..., :config.feature_dim].astype(dtype), out[..., config.feature_dim:]
+    feat_BxKxDf, logits = out[..., :config.input_dim].astype(dtype), out[..., config.input_dim:]
   else:
     feat_BxKxDf = z @ params['feat_out']
     logits = jnp.einsum('bkd,dv->bkv', z, params['lm_head'], preferred_element_type=jnp.float32)
   return feat_BxKxDf, logits, HeadCache(self_k=ck, self_v=cv)
+
+
+def fused_input(features_BxKxDi, config: HeadConfig):
+  """The features as in_proj reads them. The target's final state arrives RMS-normalised (its
+  final norm); a tapped layer's residual stream does not, and its scale grows with depth, so
+  each tap is RMS-normalised here without a gain (in_proj learns the scales)."""
+  if not config.feature_taps:
+    return features_BxKxDi
+  df, n = config.feature_dim, len(config.feature_taps)
+  final, taps = features_BxKxDi[..., :df], features_BxKxDi[..., df:]
+  t = taps.reshape(taps.shape[:-1] + (n, df)).astype(jnp.float32)
+  t = t * jax.lax.rsqrt(jnp.mean(jnp.square(t), -1, keepdims=True) + config.layer_norm_epsilon)
+  return jnp.concatenate([final, t.reshape(taps.shape).astype(final.dtype)], -1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,7 +302,7 @@ def load_head(directory, dtype=jnp.float32) -> tuple[Params, HeadConfig]:
     if not f.is_file():
       raise ValueError(f'feature head: {f} not found (a head directory holds {CONFIG_NAME} and '
                        f'{WEIGHTS_NAME}, written by specjax.models.head.save_head)')
-  try:
+  try:  # a head saved before feature_taps existed reads only the final state, as before
     config = HeadConfig(**json.loads(cfg_file.read_text()))
   except (TypeError, ValueError) as e:
     raise ValueError(f'feature head: {cfg_file} is not a head config ({e})') from None

@@ -363,8 +363,11 @@ def output_logits(params: Params, config: T5Config, x_BxKxD, packed: Params | No
 
 
 def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
-                  dropout: Dropout | None = None, packed: Params | None = None):
-  """Decoder block without the head: hidden states [B, K, D] and the updated cache."""
+                  dropout: Dropout | None = None, packed: Params | None = None,
+                  taps: tuple[int, ...] = ()):
+  """Decoder block without the head: hidden states [B, K, D] and the updated cache. `taps`:
+  decoder layers whose output residual streams follow the final state, [B, K, D (1 + #taps)]
+  (a feature head's multi-layer fusion; the same pass)."""
   b, k = tokens_BxK.shape
   t = cache.max_len
   lengths_B = lengths_B.astype(jnp.int32)
@@ -374,14 +377,18 @@ def decode_hidden(params: Params, config: T5Config, cache: DecoderCache, tokens_
                             bidirectional=False, config=config)
   causal_BxKxT = k_pos_BxT[:, None, :] <= q_pos_BxK[:, :, None]
   self_bias = self_bias + jnp.where(causal_BxKxT[:, None], 0.0, NEG_INF)
-  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias, dropout, packed)
+  return _decoder_stack(params, config, cache, tokens_BxK, lengths_B, self_bias, dropout, packed,
+                        taps)
 
 
 def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, write_B,
-                   self_bias_BxHxKxT, dropout: Dropout | None = None, packed: Params | None = None):
+                   self_bias_BxHxKxT, dropout: Dropout | None = None, packed: Params | None = None,
+                   taps: tuple[int, ...] = ()):
   """The decoder layers over a block whose keys/values are written at per-row offsets write_B,
   with the given self-attention bias (relative positions plus mask). Hidden [B, K, D], cache.
-  `packed` (`pack_model`): the same weights in the CPU kernel's layout."""
+  `packed` (`pack_model`): the same weights in the CPU kernel's layout. `taps`: as decode_hidden."""
+  check_taps(config, taps)
+  tapped = {}
   dec = params['decoder']
   cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, NEG_INF).astype(jnp.float32)
   x = _drop(dropout, params['shared'][tokens_BxK], 1000)
@@ -404,8 +411,20 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
     x = x + _drop(dropout, dense(att, layer, fast, 'cross_o'), site + 1)
     h = rms_norm(x, layer['ffn_norm'], eps)
     x = x + _drop(dropout, feed_forward(layer, h, config, dropout, site + 2, fast), site + 3)
+    tapped[i] = x
   x = _drop(dropout, rms_norm(x, dec['final_norm'], eps), 1999)
+  if taps:
+    x = jnp.concatenate([x] + [tapped[i].astype(x.dtype) for i in taps], axis=-1)
   return x, cache.replace(self_k=tuple(new_k), self_v=tuple(new_v))
+
+
+def check_taps(config: T5Config, taps) -> None:
+  """A one-line ValueError unless `taps` are distinct decoder layer indices."""
+  taps = tuple(taps)
+  if len(set(taps)) != len(taps) or not all(
+      isinstance(i, int) and 0 <= i < config.num_decoder_layers for i in taps):
+    raise ValueError(f'feature taps {taps}: expected distinct decoder layers in '
+                     f'[0, {config.num_decoder_layers})')
 
 
 # ----------------------------------------------------------------------------- tree blocks
@@ -449,7 +468,8 @@ def tree_self_bias(params: Params, config: T5Config, t: int, lengths_B, depth_M1
 
 
 def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
-                depth_M1, anc_M1xM1, offset: int = 0, packed: Params | None = None):
+                depth_M1, anc_M1xM1, offset: int = 0, packed: Params | None = None,
+                taps: tuple[int, ...] = ()):
   """Feeds tree nodes offset .. offset+K-1 (tokens_BxK) of the tree rooted at slot lengths_B.
 
   depth_M1 [M1] int: each node's depth (root 0); anc_M1xM1 [M1, M1] bool: anc[j, i] iff node i is
@@ -458,14 +478,15 @@ def decode_tree(params: Params, config: T5Config, cache: DecoderCache, tokens_Bx
   lengths_B + offset ..; ancestors of the fed nodes must already be in the cache (fed earlier, or
   in this block). Cross-attention is unchanged. Returns float32 logits [B, K, V] (node j's row
   predicts its children), the nodes' final hidden states [B, K, D] (what a feature head reads; the
-  same pass) and the cache. Requires lengths_B + M1 <= cache.max_len.
+  same pass; with `taps`, followed by those layers' outputs as in decode_hidden) and the cache.
+  Requires lengths_B + M1 <= cache.max_len.
   """
   lengths_B = jnp.asarray(lengths_B, jnp.int32)
   k = tokens_BxK.shape[1]
   bias = tree_self_bias(params, config, cache.max_len, lengths_B, depth_M1, anc_M1xM1, offset, k)
   x, cache = _decoder_stack(params, config, cache, tokens_BxK, lengths_B + offset, bias,
-                            packed=packed)
-  return output_logits(params, config, x, packed), x, cache
+                            packed=packed, taps=taps)
+  return output_logits(params, config, x[..., :config.d_model], packed), x, cache
 
 
 def gather_path(cache: DecoderCache, lengths_B, path_BxJ) -> DecoderCache:
@@ -495,11 +516,12 @@ def decode(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, le
 
 
 def decode_features(params: Params, config: T5Config, cache: DecoderCache, tokens_BxK, lengths_B,
-                    packed: Params | None = None):
+                    packed: Params | None = None, taps: tuple[int, ...] = ()):
   """`decode` that also returns the final hidden states [B, K, D] the logits were made from (for
-  drafts that read the target's features; the same one pass)."""
-  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B, packed=packed)
-  return output_logits(params, config, x, packed), x, cache
+  drafts that read the target's features; the same one pass), with `taps` followed by those
+  layers' outputs [B, K, D (1 + #taps)] (decode_hidden)."""
+  x, cache = decode_hidden(params, config, cache, tokens_BxK, lengths_B, packed=packed, taps=taps)
+  return output_logits(params, config, x[..., :config.d_model], packed), x, cache
 
 
 def shift_right(labels_BxT, config: T5Config):
@@ -647,18 +669,19 @@ class T5Model:
   def decode(self, cache, tokens, lengths):
     return decode(self.params, self.config, cache, tokens, lengths, self.packed)
 
-  def decode_features(self, cache, tokens, lengths):
-    return decode_features(self.params, self.config, cache, tokens, lengths, self.packed)
+  def decode_features(self, cache, tokens, lengths, taps: tuple[int, ...] = ()):
+    return decode_features(self.params, self.config, cache, tokens, lengths, self.packed, taps)
 
   def decode_tree(self, cache, tokens, lengths, depth, anc, offset: int = 0):
     logits, _, cache = decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc,
                                    offset, self.packed)
     return logits, cache
 
-  def decode_tree_features(self, cache, tokens, lengths, depth, anc, offset: int = 0):
+  def decode_tree_features(self, cache, tokens, lengths, depth, anc, offset: int = 0,
+                           taps: tuple[int, ...] = ()):
     """decode_tree that also returns the nodes' final hidden states [B, K, D] (one pass)."""
     return decode_tree(self.params, self.config, cache, tokens, lengths, depth, anc, offset,
-                       self.packed)
+                       self.packed, taps)
 
   def astype(self, dtype) -> 'T5Model':
     new = T5Model(params=jax.tree.map(lambda p: p.astype(dtype), self.params), config=self.config)

@@ -4,6 +4,10 @@
 
 Shape legend: B batch, S source length, T target length, Df the target's d_model, V vocab.
 
+With `head.feature_taps` the head reads the outputs of those target decoder layers beside the
+final state (EAGLE-3's multi-layer fusion; Di = Df (1 + #taps)), and `head.unroll_decay` < 1
+weights pass k by decay^(k-1) (EAGLE-3's 0.8).
+
 Data: the target's own greedy translations of the training sources (`data.train_examples` of
 them, decoded once and cached like a distilled draft's targets) and, with
 `head.include_references`, the references too. Per batch the frozen target runs teacher-forced
@@ -46,13 +50,14 @@ from specjax.training.data import Batches, Tokenized, get_tokenizer, tokenize_sp
 from specjax.training.spec import FinetuneSpec
 
 
-def target_view(tparams, tconfig: t5.T5Config, inputs_BxS, dec_in_BxT):
-  """What the frozen target hands the head, teacher-forced: (features f [B, T, Df], log p
-  [B, T, V] at T = 1, the last layer's cross K/V and the encoder mask)."""
+def target_view(tparams, tconfig: t5.T5Config, inputs_BxS, dec_in_BxT, taps=()):
+  """What the frozen target hands the head, teacher-forced: (features f [B, T, Di]: the final
+  state, then the tapped layers' outputs; log p [B, T, V] at T = 1, the last layer's cross K/V
+  and the encoder mask)."""
   cache = t5.init_cache(tparams, tconfig, inputs_BxS, dec_in_BxT.shape[1])
   lengths = jnp.zeros((inputs_BxS.shape[0],), jnp.int32)
-  f, _ = t5.decode_hidden(tparams, tconfig, cache, dec_in_BxT, lengths)
-  log_p = jax.nn.log_softmax(t5.output_logits(tparams, tconfig, f), -1)
+  f, _ = t5.decode_hidden(tparams, tconfig, cache, dec_in_BxT, lengths, taps=tuple(taps))
+  log_p = jax.nn.log_softmax(t5.output_logits(tparams, tconfig, f[..., :tconfig.d_model]), -1)
   return (jax.lax.stop_gradient(f), jax.lax.stop_gradient(log_p), cache.cross_k[-1],
           cache.cross_v[-1], cache.enc_mask)
 
@@ -74,11 +79,20 @@ def head_passes(hparams, hconfig: head_lib.HeadConfig, embed_VxDf, view, dec_in_
   return outs
 
 
-def pass_sums(view, feat, logits, mask_BxT):
-  """Per-pass sums over masked positions: smooth-L1 feature error, KL(p || q), sum_x min(p, q)
-  and argmax agreement."""
+def feature_rms(f_BxTxDi, parts: int):
+  """Each fused part's RMS over the batch, repeated over its Df columns [Di]: the scale the
+  feature error is measured in (a tapped residual stream is larger than the final state)."""
+  f = f_BxTxDi.astype(jnp.float32)
+  f = f.reshape(f.shape[:-1] + (parts, f.shape[-1] // parts))
+  rms = jnp.sqrt(jnp.mean(jnp.square(f), axis=(0, 1, 3)) + 1e-12)
+  return jnp.repeat(rms, f.shape[-1])
+
+
+def pass_sums(view, feat, logits, mask_BxT, parts: int = 1):
+  """Per-pass sums over masked positions: smooth-L1 feature error (each fused part in its own
+  RMS), KL(p || q), sum_x min(p, q) and argmax agreement."""
   f, log_p = view[0], view[1]
-  rms = jnp.sqrt(jnp.mean(jnp.square(f.astype(jnp.float32))) + 1e-12)
+  rms = feature_rms(f, parts)
   feat_err = jnp.mean(optax.huber_loss(feat.astype(jnp.float32) / rms,
                                        f.astype(jnp.float32) / rms), -1)
   log_q = jax.nn.log_softmax(logits, -1)
@@ -92,21 +106,23 @@ def pass_sums(view, feat, logits, mask_BxT):
 
 def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
   h = spec.head
+  parts = 1 + len(h.feature_taps)
 
   def loss_fn(hparams, tparams, batch, key):
     labels = batch['labels']
     dec_in = t5.shift_right(labels, tconfig)
     mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
-    view = target_view(tparams, tconfig, batch['inputs'], dec_in)
+    view = target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
     f = view[0]
-    rms = jnp.sqrt(jnp.mean(jnp.square(f.astype(jnp.float32))))
+    rms = feature_rms(f, parts)
     noise = (h.feature_noise * rms * jax.random.uniform(key, f.shape, jnp.float32, -1.0, 1.0)
              if h.feature_noise else None)
     outs = head_passes(hparams, hconfig, tparams['shared'], view, dec_in, h.unroll, noise)
-    sums = [pass_sums(view, feat, logits, mask) for feat, logits in outs]
+    sums = [pass_sums(view, feat, logits, mask, parts) for feat, logits in outs]
     n = jnp.maximum(jnp.sum(mask), 1.0)
-    total = sum(h.feature_weight * s['feat'] + h.distribution_weight * s['kl'] for s in sums)
-    total = total / len(sums)
+    weights = [h.unroll_decay ** k for k in range(len(sums))]
+    total = sum(w * (h.feature_weight * s['feat'] + h.distribution_weight * s['kl'])
+                for w, s in zip(weights, sums)) / sum(weights)
     return total / n, (total, sums, n)
 
   def train_step(state, batch, tparams):
@@ -125,9 +141,10 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
     labels = batch['labels']
     dec_in = t5.shift_right(labels, tconfig)
     mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
-    view = target_view(tparams, tconfig, batch['inputs'], dec_in)
+    view = target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
     outs = head_passes(hparams, hconfig, tparams['shared'], view, dec_in, h.unroll)
-    first, last = pass_sums(view, *outs[0], mask), pass_sums(view, *outs[-1], mask)
+    first = pass_sums(view, *outs[0], mask, parts)
+    last = pass_sums(view, *outs[-1], mask, parts)
     return first['alpha'], first['top1'], last['alpha'], last['top1'], jnp.sum(mask)
 
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
@@ -143,7 +160,9 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   target = load_t5(spec.model.init_from, dtype=jnp.dtype(spec.model.param_dtype), mesh=mesh)
   tokenizer = get_tokenizer(spec)
   hconfig = head_lib.HeadConfig.for_target(target.config, d_model=h.d_model,
-                                           num_heads=h.num_heads, d_kv=h.d_kv, d_ff=h.d_ff)
+                                           num_heads=h.num_heads, d_kv=h.d_kv, d_ff=h.d_ff,
+                                           feature_taps=h.feature_taps)
+  hconfig.check_target(target.config)  # taps beyond the target's layers: one line, now
   own = tokenize_split(spec, tokenizer, 'train', spec.data.train_examples, spec.model.init_from,
                        log)
   parts = [own]

@@ -82,6 +82,8 @@ class HeadSpec:
   feature_noise: float      # uniform noise on the input features, times their RMS (EAGLE)
   unroll: int               # passes per step; pass k > 1 reads the features pass k-1 predicted
   include_references: bool  # train on the references too, beside the target's own outputs
+  feature_taps: tuple[int, ...] = ()  # target decoder layers fused beside its final state
+  unroll_decay: float = 1.0  # pass k's loss weight is unroll_decay ** (k - 1) (EAGLE-3: 0.8)
 
 
 ONPOLICY_DIVERGENCES = ('tvd', 'fkl')
@@ -207,6 +209,9 @@ def _validate(s: FinetuneSpec):
       require(getattr(h, field) > 0, f'head.{field}', '> 0', getattr(h, field))
     for field in ('feature_weight', 'distribution_weight', 'feature_noise'):
       require(getattr(h, field) >= 0, f'head.{field}', '>= 0', getattr(h, field))
+    require(0 < h.unroll_decay <= 1, 'head.unroll_decay', 'in (0, 1]', h.unroll_decay)
+    require(len(set(h.feature_taps)) == len(h.feature_taps) and min(h.feature_taps, default=0)
+            >= 0, 'head.feature_taps', 'distinct decoder layer indices >= 0', h.feature_taps)
     require(bool(m.init_from), 'model.init_from', 'the target the head reads (a checkpoint)',
             m.init_from)
   if s.onpolicy is not None:
