@@ -46,13 +46,18 @@ def _target():
   return T5Model(init_params(config, jax.random.PRNGKey(0)), config)
 
 
-def _head(target, seed=1, scale=1.0):
-  hc = head_lib.HeadConfig.for_target(target.config, d_model=8, num_heads=2, d_kv=4, d_ff=16)
+def _head(target, seed=1, scale=1.0, parallel=False, **config_kw):
+  """A random width-8 head; `config_kw` go to HeadConfig (feature_taps=, parallel_depth=)."""
+  hc = head_lib.HeadConfig.for_target(target.config, d_model=8, num_heads=2, d_kv=4, d_ff=16,
+                                      **config_kw)
   params = head_lib.init_head_params(hc, jax.random.PRNGKey(seed))
   params = jax.tree.map(lambda p: p * scale if p.ndim == 2 else p, params)
   # A non-zero start feature, so position 0 reads something learned-looking.
-  params['start_feature'] = jax.random.normal(jax.random.PRNGKey(seed + 7), (hc.feature_dim,))
-  return FeatureHeadDraft.for_target(target, (params, hc))
+  params['start_feature'] = jax.random.normal(jax.random.PRNGKey(seed + 7), (hc.input_dim,))
+  if hc.parallel_depth:  # parallel blocks that change q (they start at zero, as depth 1)
+    params['par_out'] = 2.0 * jax.random.normal(jax.random.PRNGKey(seed + 9),
+                                                params['par_out'].shape)
+  return FeatureHeadDraft.for_target(target, (params, hc), parallel=parallel)
 
 
 @functools.lru_cache(maxsize=None)

@@ -25,19 +25,14 @@ from specjax.decoding.sampling import Sampling
 from specjax.models import cpu_kernels
 from specjax.models import head as head_lib
 from specjax.models import t5
-from test_feature_head import (ALWAYS_ACCEPT, M, N, PROMPT, SEED, _greedy_pair, _target,
+from test_feature_head import (ALWAYS_ACCEPT, M, N, PROMPT, SEED, _greedy_pair, _head, _target,
                                counts_of, exact_law)
 
 TAPS = (0, 1)
 
 
 def tapped_head(target, seed=1, scale=1.0, taps=TAPS):
-  hc = head_lib.HeadConfig.for_target(target.config, d_model=8, num_heads=2, d_kv=4, d_ff=16,
-                                      feature_taps=taps)
-  params = head_lib.init_head_params(hc, jax.random.PRNGKey(seed))
-  params = jax.tree.map(lambda p: p * scale if p.ndim == 2 else p, params)
-  params['start_feature'] = jax.random.normal(jax.random.PRNGKey(seed + 7), (hc.input_dim,))
-  return FeatureHeadDraft.for_target(target, (params, hc))
+  return _head(target, seed, scale, feature_taps=taps)
 
 
 @functools.lru_cache(maxsize=None)

@@ -107,6 +107,40 @@ def test_fused_head_trains_on_tapped_layers_and_decodes_exactly(pair, tmp_path):
     finetune.train(cfg)
 
 
+def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
+  """configs/finetune/bible_head_parallel.py:smoke trains a head with parallel blocks (dev alpha
+  per depth logged); a second run from its export with head.freeze_trunk trains the blocks alone:
+  the trunk comes back bit-identical, the blocks change, and both modes decode exactly."""
+  import specjax
+  from specjax.decoding.feature_head import FeatureHeadDraft
+  from specjax.models import head as head_lib
+  from specjax.training import finetune
+  target_dir, _ = pair
+  common = {'model.init_from': target_dir, 'data.train_examples': 32, 'data.eval_examples': 16,
+            'bleu_batch_size': 16}
+  res = finetune.train(_config('bible_head_parallel', 'smoke', tmp_path / 'p', steps=6,
+                               **common))
+  assert res['steps'] == 6 and 0 < res['dev_alpha_d2'] <= 1 and 0 < res['dev_alpha_d3'] <= 1
+  first, config = head_lib.load_head(res['export_dir'])
+  assert config.parallel_depth == 2 and first['par_in'].shape == (2, 16, 8)
+  assert float(jnp.max(jnp.abs(first['par_out']))) > 0  # the blocks trained from zero
+  res = finetune.train(_config('bible_head_parallel', 'smoke', tmp_path / 'q', steps=4,
+                               **common, **{'head.init_from': res['export_dir'],
+                                            'head.freeze_trunk': True}))
+  second, _ = head_lib.load_head(res['export_dir'])
+  for name, value in first.items():
+    same = np.array_equal(np.asarray(value), np.asarray(second[name]))
+    assert same == (name not in ('par_in', 'par_out')), name
+  target = specjax.load_t5(target_dir)
+  ids = np.array([[5, 9, 22, 7, 1], [8, 3, 1, 0, 0]], np.int32)
+  base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)
+  for parallel in (False, True):
+    draft = FeatureHeadDraft.for_target(target, res['export_dir'], parallel=parallel)
+    out = specjax.speculative_decode(target, draft, ids, gamma=3, max_new_tokens=8)
+    np.testing.assert_array_equal(out.tokens, base.tokens)
+    assert (int(out.stats.draft_passes) <= int(out.stats.iterations)) == parallel
+
+
 def test_onpolicy_distillation_lowers_the_divergence(pair, tmp_path):
   from specjax.training import finetune
   target_dir, draft_dir = pair
@@ -146,6 +180,10 @@ def test_divergences_match_their_formulas():
     ('bible_head', 'smoke', 'model.init_from', '', 'config.model.init_from'),
     ('bible_head_fused', 'smoke', 'head.unroll_decay', 0.0, 'config.head.unroll_decay'),
     ('bible_head_fused', 'smoke', 'head.feature_taps', (1, 1), 'config.head.feature_taps'),
+    ('bible_head_parallel', 'smoke', 'head.parallel_depth', -1, 'config.head.parallel_depth'),
+    ('bible_head_parallel', 'smoke', 'head.freeze_trunk', True, 'config.head.freeze_trunk'),
+    ('bible_head_parallel', '', 'head.d_model', 64, 'config.head.d_model'),
+    ('bible_head_parallel', '', 'head.init_from', './nope', 'config.head.init_from'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.divergence', 'rkl', 'config.onpolicy.divergence'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.temperature', 0.0, 'config.onpolicy.temperature'),
     ('bible_draft_onpolicy', 'smoke', 'onpolicy.teacher', './nope', 'config.onpolicy.teacher'),

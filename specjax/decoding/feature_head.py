@@ -93,6 +93,7 @@ class FeatureHeadDraft:
   candidates: str = struct.field(pytree_node=False, default='wor')
   packed: Any = None                  # head_lib.pack_head's weights when the target runs packed
   slot_V: Any = None  # truncated vocabulary: target id -> lm_head column (V_d: dropped); None: all
+  parallel: bool = struct.field(pytree_node=False, default=False)  # one pass drafts the block
 
   reads_target = True  # protocol: the loop passes the target's cache and features
 
@@ -102,15 +103,17 @@ class FeatureHeadDraft:
     return self.config.feature_taps
 
   @classmethod
-  def for_target(cls, target: T5Model, head, vocab=None,
-                 weights: str | None = None) -> 'FeatureHeadDraft':
+  def for_target(cls, target: T5Model, head, vocab=None, weights: str | None = None,
+                 parallel: bool = False) -> 'FeatureHeadDraft':
     """`head`: a head directory (save_head's files) or (params, HeadConfig). `vocab`: None (the
     full vocabulary), V_d (the V_d most frequent ids of the directory's vocab.json) or the kept
     ids themselves. `weights`: how the CPU kernels store the head's matrices ('float32',
     'bfloat16', 'int8'); None stores them in bf16 where that changes no value (a head saved in
     bf16, as the shipped one; half the bytes a pass, the same q) or with the target, else
     float32. A draft's weights change only q, never the output law, so 'int8' is exact too.
-    A one-line ValueError for a bad file or option, before anything compiles."""
+    `parallel`: draft each block from one pass (`propose_parallel`; the head needs its
+    parallel blocks, HeadConfig.parallel_depth). A one-line ValueError for a bad file or
+    option, before anything compiles."""
     if weights not in (None, *cpu_kernels.WEIGHTS):
       raise ValueError(f'feature head weights={weights!r}: expected one of {cpu_kernels.WEIGHTS}')
     directory = isinstance(head, (str, bytes)) or hasattr(head, '__fspath__')
@@ -119,6 +122,9 @@ class FeatureHeadDraft:
     else:
       params, config = head
     config.check_target(target.config)
+    if parallel and not config.parallel_depth:
+      raise ValueError(f'feature head {head if directory else "params"}: parallel=1 needs a head '
+                       'trained with parallel blocks (head.parallel_depth > 0), this one has none')
     params = jax.tree.map(lambda p: jnp.asarray(p).astype(target.dtype), params)
     slot_V = None
     if vocab is not None:
@@ -137,7 +143,7 @@ class FeatureHeadDraft:
     packed = head_lib.pack_head(params, weights) if target.packed is not None else None
     params = head_lib.quantize_head(params, weights)  # every path computes the head it stores
     return cls(params=params, target_embed_VxDf=target.params['shared'], config=config,
-               slot_V=slot_V, packed=packed)
+               slot_V=slot_V, packed=packed, parallel=bool(parallel))
 
   @staticmethod
   def kept_ids(directory, vocab, vocab_size: int) -> np.ndarray:
@@ -220,6 +226,16 @@ class FeatureHeadDraft:
                               zeros_B)
     return state.replace(cache=cache)
 
+  def window_state(self, state: HeadState, seq_BxN, lengths_B, gamma: int):
+    """`window`'s pass up to the head's final norm: (its state z at the last position [B, D],
+    cache)."""
+    w_B = jnp.maximum(lengths_B - gamma, 0)
+    z_BxG1xD, cache = head_lib.block_state(
+        self.params, self.config, state.cache, self.target_embed_VxDf, state.cross_k,
+        state.cross_v, state.enc_mask, _rows(seq_BxN, w_B, gamma + 1),
+        _rows(state.prev_BxNxDf, w_B, gamma + 1), w_B, fast=self.packed)
+    return jnp.take_along_axis(z_BxG1xD, (lengths_B - w_B)[:, None, None], axis=1)[:, 0], cache
+
   def window(self, state: HeadState, seq_BxN, lengths_B, gamma: int):
     """The pass over positions w .. w + gamma (w = max(L - gamma, 0)) with the true features:
     (logits [B, V] for the token after seq[L], the predicted f_L [B, Df], cache)."""
@@ -234,6 +250,9 @@ class FeatureHeadDraft:
 
   def propose(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
               sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
+    if self.parallel:
+      return self.propose_parallel(state, seq_BxN, lengths_B, keys_B, gamma, sampling,
+                                   stop=stop, limit_B=limit_B)
     logits_BxV, feat_BxDf, cache = self.window(state, seq_BxN, lengths_B, gamma)
 
     def advance(carry, x_B, k):
@@ -251,6 +270,28 @@ class FeatureHeadDraft:
     return prop.replace(q_BxGxV=jnp.where(nan, jnp.nan, prop.q_BxGxV),
                         state=state.replace(cache=cache))
 
+  def propose_parallel(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
+                       sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
+    """The whole block from the window's one pass: q for draft k is the output layer on the
+    k-th parallel state (head_lib.parallel_states), so it depends on the verified prefix only,
+    not on drafts 1 .. k - 1 -- a valid draft law, verified by the usual exact rule."""
+    depth = self.config.parallel_depth + 1
+    if gamma > depth:
+      raise ValueError(f'feature head parallel=1: gamma={gamma} exceeds the {depth} drafts one '
+                       f'pass of this head makes (head.parallel_depth={depth - 1})')
+    z_BxD, cache = self.window_state(state, seq_BxN, lengths_B, gamma)
+    _, logits_BxGxVd = head_lib.outputs(self.params, self.config,
+                                        head_lib.parallel_states(self.params, z_BxD, gamma),
+                                        self.packed)
+    logits_BxGxV = self.full_vocab(logits_BxGxVd)
+    q_BxGxV, view_BxGxV = protocol.views(logits_BxGxV, sampling)
+    draw = protocol.noise_draw(keys_B, gamma, sampling)
+    tokens_BxG = jnp.stack([draw(k, q_BxGxV[:, k]) for k in range(gamma)], axis=1)
+    n_B = protocol.cut(stop, tokens_BxG, q_BxGxV, limit_B, view_BxGxV)
+    q_BxGxV = jnp.where(jnp.isnan(logits_BxGxV).any(), jnp.nan, q_BxGxV)
+    return Proposal(protocol.pad_after(tokens_BxG, n_B), q_BxGxV, n_B, jnp.int32(1),
+                    state.replace(cache=cache))
+
   def feed_children(self, state: HeadState, caches_K, feats_KxBxDf, tokens_BxC, branch: int,
                     pos_B):
     """Each of C = K * branch children fed on a copy of its parent's cache, with its parent's
@@ -265,6 +306,9 @@ class FeatureHeadDraft:
   def propose_tree(self, state: HeadState, seq_BxN, lengths_B, keys_B, shape: TreeShape,
                    sampling) -> TreeProposal:
     """The tree of `shape` from the head's own predictions (module docstring)."""
+    if self.parallel:
+      raise ValueError('feature head parallel=1 drafts chains; a tree expands level by level '
+                       '(drop parallel=1 for tree=)')
     b = seq_BxN.shape[0]
     logits_BxV, feat_BxDf, cache = self.window(state, seq_BxN, lengths_B, shape.depth)
     logits_BxKxV, feats_KxBxDf = logits_BxV[:, None], feat_BxDf[None]

@@ -27,6 +27,9 @@ Params (weights [in, out]):
   final_norm    [D]
   feat_out      [D, Df]          predicted f_j
   lm_head       [D, V]           logits for y_{j+1}
+  par_in [P, D, Fp], par_out [P, Fp, D]   parallel mode only (P = parallel_depth > 0): the
+                 residual blocks that turn the state at position j into the states whose logits
+                 are q for y_{j+2} .. y_{j+P+1} (Medusa-style per-position heads on one pass)
 
 Files: `save_head` writes head_config.json + head.safetensors (a few MB); the target is loaded
 separately (its embedding and cross K/V are read, never copied). An optional vocab.json
@@ -71,6 +74,8 @@ class HeadConfig:
   relative_attention_max_distance: int = 128
   layer_norm_epsilon: float = 1e-6
   feature_taps: tuple[int, ...] = ()  # target decoder layers fused beside the final state
+  parallel_depth: int = 0   # P: output blocks for drafts 2 .. P + 1 from one pass (parallel mode)
+  parallel_ff: int = 256    # their hidden width
 
   def __post_init__(self):
     object.__setattr__(self, 'feature_taps', tuple(int(i) for i in self.feature_taps))
@@ -125,7 +130,29 @@ def init_head_params(config: HeadConfig, key, dtype=jnp.float32) -> Params:
       'final_norm': jnp.ones((d,), dtype),
       'feat_out': normal((d, di), d ** -0.5),
       'lm_head': normal((d, v), d ** -0.5),
+      **parallel_params(config, normal, dtype),
   }
+
+
+def parallel_params(config: HeadConfig, normal, dtype) -> Params:
+  """The parallel mode's P residual blocks; par_out starts at zero, so every depth starts out
+  predicting what depth 1 predicts. None for a head without them (P = 0)."""
+  p, d, f = config.parallel_depth, config.d_model, config.parallel_ff
+  if not p:
+    return {}
+  return {'par_in': normal((p, d, f), d ** -0.5), 'par_out': jnp.zeros((p, f, d), dtype)}
+
+
+def parallel_states(params: Params, z_BxD, depth: int):
+  """[B, depth, D]: z, then z + silu(z W_in_k) W_out_k for k = 1 .. depth - 1 (Medusa's residual
+  blocks on the head's state): the states whose logits (`outputs`) are q for drafts
+  1 .. depth of a block, all from the one pass that made z."""
+  if depth == 1:
+    return z_BxD[:, None]
+  w_in, w_out = params['par_in'][:depth - 1], params['par_out'][:depth - 1]
+  h = jax.nn.silu(jnp.einsum('bd,kdf->bkf', z_BxD, w_in.astype(z_BxD.dtype)))
+  out = z_BxD[:, None] + jnp.einsum('bkf,kfd->bkd', h, w_out.astype(z_BxD.dtype))
+  return jnp.concatenate([z_BxD[:, None], out], axis=1)
 
 
 def param_count(config: HeadConfig) -> int:
@@ -160,6 +187,17 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   the cache below lengths + i + 1 (the committed prefix and the block up to itself). `fast`:
   `pack_head`'s weights, when the head runs on the CPU kernels (as the target's decode steps do).
   """
+  z, cache = block_state(params, config, cache, target_embed_VxDf, cross_k_BxHcxSxDkc,
+                         cross_v_BxHcxSxDkc, enc_mask_BxS, tokens_BxK, features_BxKxDf,
+                         lengths_B, fast)
+  feat_BxKxDf, logits = outputs(params, config, z, fast)
+  return feat_BxKxDf, logits, cache
+
+
+def block_state(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxDf,
+                cross_k_BxHcxSxDkc, cross_v_BxHcxSxDkc, enc_mask_BxS, tokens_BxK,
+                features_BxKxDf, lengths_B, fast: Params | None = None):
+  """`block` up to its final norm: (the state z [B, K, D] the output layers read, cache)."""
   eps = config.layer_norm_epsilon
   b, k = tokens_BxK.shape
   t = cache.max_len
@@ -191,15 +229,19 @@ def block(params: Params, config: HeadConfig, cache: HeadCache, target_embed_VxD
   h = t5.rms_norm(x, params['ffn_norm'], eps)
   a, g = t5.fast_split(h, params, fast, 'wi', ('wi_0', 'wi_1'))
   x = x + t5.dense(jax.nn.gelu(a, approximate=True) * g, params, fast, 'wo')
-  z = t5.rms_norm(x, params['final_norm'], eps)
-  if fast is not None and t5.kernel_rows(z) <= cpu_kernels.MAX_ROWS:
+  return t5.rms_norm(x, params['final_norm'], eps), HeadCache(self_k=ck, self_v=cv)
+
+
+def outputs(params: Params, config: HeadConfig, z_BxKxD, fast: Params | None = None):
+  """(predicted features [B, K, Di] in the params dtype, float32 logits [B, K, V]) from z."""
+  if fast is not None and t5.kernel_rows(z_BxKxD) <= cpu_kernels.MAX_ROWS:
     # Predicted feature and logits in one product (the kernel's output is float32).
-    out = cpu_kernels.matmul(z, fast['out'])
-    feat_BxKxDf, logits = out[..., :config.input_dim].astype(dtype), out[..., config.input_dim:]
-  else:
-    feat_BxKxDf = z @ params['feat_out']
-    logits = jnp.einsum('bkd,dv->bkv', z, params['lm_head'], preferred_element_type=jnp.float32)
-  return feat_BxKxDf, logits, HeadCache(self_k=ck, self_v=cv)
+    out = cpu_kernels.matmul(z_BxKxD, fast['out'])
+    return (out[..., :config.input_dim].astype(params['feat_out'].dtype),
+            out[..., config.input_dim:])
+  logits = jnp.einsum('bkd,dv->bkv', z_BxKxD, params['lm_head'],
+                      preferred_element_type=jnp.float32)
+  return z_BxKxD @ params['feat_out'], logits
 
 
 def fused_input(features_BxKxDi, config: HeadConfig):
@@ -257,12 +299,19 @@ def teacher_forced(params: Params, config: HeadConfig, target_embed_VxDf, cross_
                    enc_mask_BxS, tokens_BxT, prev_features_BxTxDf):
   """The head over whole decoder inputs at once (training): predicted f_j and logits for y_{j+1}
   at every position j, given f_{j-1} per position (prev_features)."""
+  z = teacher_forced_state(params, config, target_embed_VxDf, cross_k, cross_v, enc_mask_BxS,
+                           tokens_BxT, prev_features_BxTxDf)
+  return outputs(params, config, z)
+
+
+def teacher_forced_state(params: Params, config: HeadConfig, target_embed_VxDf, cross_k, cross_v,
+                         enc_mask_BxS, tokens_BxT, prev_features_BxTxDf):
+  """`teacher_forced` up to the final norm: the state z [B, T, D] at every position."""
   b, t = tokens_BxT.shape
   cache = init_cache(config, b, t, params['in_proj'].dtype)
-  feat, logits, _ = block(params, config, cache, target_embed_VxDf, cross_k, cross_v,
-                          enc_mask_BxS, tokens_BxT, prev_features_BxTxDf,
-                          jnp.zeros((b,), jnp.int32))
-  return feat, logits
+  z, _ = block_state(params, config, cache, target_embed_VxDf, cross_k, cross_v, enc_mask_BxS,
+                     tokens_BxT, prev_features_BxTxDf, jnp.zeros((b,), jnp.int32))
+  return z
 
 
 def shift_features(params: Params, features_BxTxDf):

@@ -149,7 +149,7 @@ def _validate(spec: RunSpec):
   for i, draft in enumerate(spec.drafts):
     drafts_lib.check_name(f'drafts[{i}]', draft)
     if drafts_lib.is_head_dir(draft):
-      check_head(f'drafts[{i}]', draft)
+      check_head(f'drafts[{i}]', draft, spec.gammas, spec.trees)
     elif not drafts_lib.is_known(draft):
       check_checkpoint(f'drafts[{i}]', draft)
   _check_vocab(spec)
@@ -226,9 +226,10 @@ def check_checkpoint(field: str, path: str):
     raise ConfigError(f'config.{field}: checkpoint directory not found: {path}')
 
 
-def check_head(field: str, name: str):
+def check_head(field: str, name: str, gammas=(), trees: str = ''):
   """A feature-head directory: a readable head_config.json, an intact head.safetensors and valid
-  options ('DIR:vocab=1000': a count within the vocabulary and a readable vocab.json)."""
+  options ('DIR:vocab=1000': a count within the vocabulary and a readable vocab.json;
+  'DIR:parallel=1': a head with parallel blocks for every gamma, and no trees)."""
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
   try:
     path, options = drafts_lib.head_spec(name)
@@ -250,6 +251,16 @@ def check_head(field: str, name: str):
       head_lib.keep_ids(expanded, options['vocab'], config.vocab_size)
     except ValueError as e:
       raise ConfigError(f'config.{field}: {e}') from None
+  if options.get('parallel'):
+    depth = config.parallel_depth + 1
+    if depth == 1:
+      raise ConfigError(f'config.{field}: parallel=1 needs a head trained with parallel blocks '
+                        f'(head.parallel_depth > 0); {path} has none')
+    if max(gammas, default=0) > depth:
+      raise ConfigError(f'config.gammas: {max(gammas)} exceeds the {depth} drafts one pass of '
+                        f'feature head {path} makes (parallel=1)')
+    if trees:
+      raise ConfigError(f'config.trees: feature head {path} with parallel=1 drafts chains only')
 
 
 def check_weights(field: str, path: str):

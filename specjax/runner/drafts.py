@@ -78,7 +78,9 @@ def check_name(field: str, name: str):
 
 # A feature head's options in its draft name, 'DIR:vocab=1000' (FeatureHeadDraft.for_target).
 HEAD_OPTIONS = {'vocab': 'the V_d most frequent target ids (a truncated draft vocabulary, '
-                         "read from the head's vocab.json)"}
+                         "read from the head's vocab.json)",
+                'parallel': '1: one head pass drafts the whole block (a head trained with '
+                            'parallel blocks)'}
 
 
 def _head_files(path: str) -> bool:
@@ -118,6 +120,8 @@ def head_spec(name: str) -> tuple[str, dict[str, int]]:
       options[key] = 0
     if options[key] < 1:
       raise ValueError(f'feature-head option {key}={value!r} in {name!r}: a positive integer')
+    if key == 'parallel' and options[key] != 1:
+      raise ValueError(f'feature-head option parallel={value!r} in {name!r}: 1 or left out')
   return path, options
 
 
@@ -134,7 +138,8 @@ def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: st
     try:
       path, options = head_spec(name)
       return FeatureHeadDraft.for_target(target, os.path.expanduser(path),
-                                         vocab=options.get('vocab'))
+                                         vocab=options.get('vocab'),
+                                         parallel=bool(options.get('parallel')))
     except ValueError as e:
       raise ConfigError(f'config.drafts: {e}') from None
   return _checkpoint(ctx, name)

@@ -32,6 +32,7 @@ targets' token ids by frequency, for a truncated draft vocabulary).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -64,19 +65,43 @@ def target_view(tparams, tconfig: t5.T5Config, inputs_BxS, dec_in_BxT, taps=()):
 
 def head_passes(hparams, hconfig: head_lib.HeadConfig, embed_VxDf, view, dec_in_BxT,
                 unroll: int, noise_BxTxDf=None):
-  """[(predicted features, logits)] of `unroll` passes; pass 1 reads the true f (plus noise),
-  pass k > 1 the features pass k - 1 predicted."""
+  """([(predicted features, logits)] of `unroll` passes, pass 1's state z [B, T, D]); pass 1
+  reads the true f (plus noise), pass k > 1 the features pass k - 1 predicted."""
   f, _, ck, cv, mask = view
   prev = head_lib.shift_features(hparams, f)
   if noise_BxTxDf is not None:
     prev = prev + noise_BxTxDf.at[:, 0].set(0.0)  # the learned start feature stays clean
-  outs = []
+  outs, z1 = [], None
   for _ in range(unroll):
-    feat, logits = head_lib.teacher_forced(hparams, hconfig, embed_VxDf, ck, cv, mask, dec_in_BxT,
-                                           prev)
+    z = head_lib.teacher_forced_state(hparams, hconfig, embed_VxDf, ck, cv, mask, dec_in_BxT,
+                                      prev)
+    z1 = z if z1 is None else z1
+    feat, logits = head_lib.outputs(hparams, hconfig, z)
     outs.append((feat, logits))
     prev = head_lib.shift_features(hparams, feat)
-  return outs
+  return outs, z1
+
+
+def parallel_sums(hparams, hconfig: head_lib.HeadConfig, z_BxTxD, log_p_BxTxV, mask_BxT):
+  """Per parallel depth k = 2 .. P + 1: sums over positions j (where j + k - 1 is a target
+  position) of KL(p_{j+k-1} || q_k(j)), sum_x min(p, q) and argmax agreement, where q_k(j) is
+  what the parallel mode drafts token k of a block from when the verified prefix ends at j."""
+  b, t, d = z_BxTxD.shape
+  depth = hconfig.parallel_depth + 1
+  zs = head_lib.parallel_states(hparams, z_BxTxD.reshape(b * t, d), depth)[:, 1:]
+  _, logits = head_lib.outputs(hparams, hconfig, zs.reshape(b, t * (depth - 1), d))
+  logits = logits.reshape(b, t, depth - 1, -1)
+  out = []
+  for k in range(2, depth + 1):  # q_k at j reads p at j + k - 1: shift p (and the mask) left
+    log_p = log_p_BxTxV[:, k - 1:]
+    m = mask_BxT[:, k - 1:]
+    log_q = jax.nn.log_softmax(logits[:, :t - k + 1, k - 2], -1)
+    p = jnp.exp(log_p)
+    kl = jnp.sum(p * (log_p - log_q), -1)
+    top1 = (jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)).astype(jnp.float32)
+    out.append({'kl': jnp.sum(kl * m), 'alpha': jnp.sum(theory.beta(p, jnp.exp(log_q)) * m),
+                'top1': jnp.sum(top1 * m), 'n': jnp.sum(m)})
+  return out
 
 
 def feature_rms(f_BxTxDi, parts: int):
@@ -105,49 +130,93 @@ def pass_sums(view, feat, logits, mask_BxT, parts: int = 1):
 
 
 def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
+  """(train_step(state, batch, tparams, trunk), eval_step(params, tparams, batch) -> sums).
+  With head.freeze_trunk the state's params are the parallel blocks only and `trunk` the rest
+  (fixed); otherwise `trunk` is {} and every param trains."""
   h = spec.head
   parts = 1 + len(h.feature_taps)
+  unroll = 1 if h.freeze_trunk else h.unroll  # a frozen trunk's passes train nothing
 
-  def loss_fn(hparams, tparams, batch, key):
+  def view_of(tparams, batch):
     labels = batch['labels']
     dec_in = t5.shift_right(labels, tconfig)
     mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
-    view = target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
+    return dec_in, mask, target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
+
+  def loss_fn(hparams, tparams, trunk, batch, key):
+    params = {**trunk, **hparams}
+    dec_in, mask, view = view_of(tparams, batch)
     f = view[0]
     rms = feature_rms(f, parts)
     noise = (h.feature_noise * rms * jax.random.uniform(key, f.shape, jnp.float32, -1.0, 1.0)
-             if h.feature_noise else None)
-    outs = head_passes(hparams, hconfig, tparams['shared'], view, dec_in, h.unroll, noise)
+             if h.feature_noise and not h.freeze_trunk else None)
+    outs, z = head_passes(params, hconfig, tparams['shared'], view, dec_in, unroll, noise)
     sums = [pass_sums(view, feat, logits, mask, parts) for feat, logits in outs]
     n = jnp.maximum(jnp.sum(mask), 1.0)
     weights = [h.unroll_decay ** k for k in range(len(sums))]
-    total = sum(w * (h.feature_weight * s['feat'] + h.distribution_weight * s['kl'])
-                for w, s in zip(weights, sums)) / sum(weights)
-    return total / n, (total, sums, n)
+    total = 0.0 if h.freeze_trunk else sum(
+        w * (h.feature_weight * s['feat'] + h.distribution_weight * s['kl'])
+        for w, s in zip(weights, sums)) / sum(weights)
+    par = parallel_sums(params, hconfig, z, view[1], mask) if h.parallel_depth else []
+    if par:  # each depth's KL, averaged over the depths
+      total = total + h.distribution_weight * sum(s['kl'] for s in par) / len(par)
+    return total / n, (total, sums, par, n)
 
-  def train_step(state, batch, tparams):
+  def train_step(state, batch, tparams, trunk):
     key = jax.random.fold_in(jax.random.PRNGKey(spec.seed + 3), state['step'])
     grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-    (_, (total, sums, n)), grads = grad_fn(state['params'], tparams, batch, key)
+    (_, (total, sums, par, n)), grads = grad_fn(state['params'], tparams, trunk, batch, key)
     updates, opt_state = optimizer.update(grads, state['opt_state'], state['params'])
     params = optax.apply_updates(state['params'], updates)
     metrics = {'loss_sum': total, 'count': n, 'grad_norm': trainer.global_norm(grads),
                'alpha_sum': sums[0]['alpha'], 'top1_sum': sums[0]['top1'],
                f'alpha{len(sums)}_sum': sums[-1]['alpha'], 'feat_sum': sums[0]['feat'],
                'kl_sum': sums[0]['kl']}
+    if par:  # per-depth sums over fewer positions than `count`: a log's trend, not alpha
+      metrics.update({'alpha_d2_sum': par[0]['alpha'],
+                      f'alpha_d{len(par) + 1}_sum': par[-1]['alpha']})
     return {'params': params, 'opt_state': opt_state, 'step': state['step'] + 1}, metrics
 
-  def eval_step(hparams, tparams, batch):
-    labels = batch['labels']
-    dec_in = t5.shift_right(labels, tconfig)
-    mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
-    view = target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
-    outs = head_passes(hparams, hconfig, tparams['shared'], view, dec_in, h.unroll)
+  def eval_step(params, tparams, batch):
+    dec_in, mask, view = view_of(tparams, batch)
+    outs, z = head_passes(params, hconfig, tparams['shared'], view, dec_in, h.unroll)
     first = pass_sums(view, *outs[0], mask, parts)
     last = pass_sums(view, *outs[-1], mask, parts)
-    return first['alpha'], first['top1'], last['alpha'], last['top1'], jnp.sum(mask)
+    out = {'dev_alpha': first['alpha'], 'dev_top1': first['top1'],
+           f'dev_alpha{h.unroll}': last['alpha'], f'dev_top1_{h.unroll}': last['top1'],
+           'n': jnp.sum(mask)}
+    for k, s in enumerate(parallel_sums(params, hconfig, z, view[1], mask) if
+                          h.parallel_depth else [], start=2):
+      out.update({f'dev_alpha_d{k}': s['alpha'], f'dev_top1_d{k}': s['top1'], f'n_d{k}': s['n']})
+    return out
 
   return jax.jit(train_step, donate_argnums=0), jax.jit(eval_step)
+
+
+def head_start(spec: FinetuneSpec, target_config: t5.T5Config, key):
+  """(HeadConfig, fresh_params() -> the params training starts from, trunk): a new head, or with
+  head.init_from that head's params with new parallel blocks beside them; with
+  head.freeze_trunk the fresh params are the parallel blocks alone and `trunk` the rest."""
+  h = spec.head
+  dtype = jnp.dtype(spec.model.param_dtype)
+  arch = dict(parallel_depth=h.parallel_depth, parallel_ff=h.parallel_ff)
+  if not h.init_from:
+    hconfig = head_lib.HeadConfig.for_target(target_config, d_model=h.d_model,
+                                             num_heads=h.num_heads, d_kv=h.d_kv, d_ff=h.d_ff,
+                                             feature_taps=h.feature_taps, **arch)
+    hconfig.check_target(target_config)  # taps beyond the target's layers: one line, now
+    return hconfig, lambda: head_lib.init_head_params(hconfig, key, dtype), {}
+  loaded, saved = head_lib.load_head(h.init_from, dtype=dtype)
+  hconfig = dataclasses.replace(saved, **arch)
+  hconfig.check_target(target_config)
+  fresh = head_lib.init_head_params(hconfig, key, dtype)
+  start = {k: loaded[k] if k in loaded and loaded[k].shape == v.shape else v
+           for k, v in fresh.items()}
+  if not h.freeze_trunk:
+    return hconfig, lambda: start, {}
+  par = ('par_in', 'par_out')
+  return (hconfig, lambda: {k: start[k] for k in par},
+          {k: v for k, v in start.items() if k not in par})
 
 
 def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
@@ -159,10 +228,7 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
     mesh = sharding_lib.make_mesh(spec.mesh_shape)
   target = load_t5(spec.model.init_from, dtype=jnp.dtype(spec.model.param_dtype), mesh=mesh)
   tokenizer = get_tokenizer(spec)
-  hconfig = head_lib.HeadConfig.for_target(target.config, d_model=h.d_model,
-                                           num_heads=h.num_heads, d_kv=h.d_kv, d_ff=h.d_ff,
-                                           feature_taps=h.feature_taps)
-  hconfig.check_target(target.config)  # taps beyond the target's layers: one line, now
+  hconfig, fresh, trunk = head_start(spec, target.config, jax.random.PRNGKey(spec.seed))
   own = tokenize_split(spec, tokenizer, 'train', spec.data.train_examples, spec.model.init_from,
                        log)
   parts = [own]
@@ -181,10 +247,8 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
       f', {batches.batches_per_epoch} batches of {spec.data.batch_size} per epoch')
 
   optimizer, schedule = trainer.make_optimizer(spec.optim, spec.steps)
-  key = jax.random.PRNGKey(spec.seed)
   init_fn = jax.jit(lambda p: {'params': p, 'opt_state': optimizer.init(p),
                                'step': jnp.zeros((), jnp.int32)})
-  fresh = lambda: head_lib.init_head_params(hconfig, key, jnp.dtype(spec.model.param_dtype))  # noqa: E731
   state = trainer.start(spec, mngr, log, batches, init_fn,
                         jax.eval_shape(init_fn, jax.eval_shape(fresh)), fresh)
   train_step, eval_step = make_steps(spec, hconfig, target.config, optimizer)
@@ -195,19 +259,20 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
                           0, train=False)
 
     def dev_metrics(params) -> dict[str, float]:
-      sums = jax.device_get([eval_step(params, tparams, b)
+      sums = jax.device_get([eval_step({**trunk, **params}, tparams, b)
                              for b in dev_batches.eval_batches(spec.data.batch_size)])
-      tot = np.sum(np.asarray(sums, np.float64), axis=0)
-      n = max(tot[4], 1.0)
-      return {'dev_alpha': tot[0] / n, 'dev_top1': tot[1] / n,
-              f'dev_alpha{h.unroll}': tot[2] / n, f'dev_top1_{h.unroll}': tot[3] / n}
+      tot = {k: float(np.sum([s[k] for s in sums], dtype=np.float64)) for k in sums[0]}
+      # A parallel depth's sums (…_d<k>) count its own positions, n_d<k>; the rest, n.
+      return {k: v / max(tot['n_d' + k.rpartition('_d')[2] if '_d' in k else 'n'], 1.0)
+              for k, v in tot.items() if k.startswith('dev_')}
 
   state, results = trainer.run_loop(spec, mngr, log, state,
-                                    lambda s, b: train_step(s, b, tparams), batches, schedule,
-                                    dev_metrics)
+                                    lambda s, b: train_step(s, b, tparams, trunk), batches,
+                                    schedule, dev_metrics)
   results['train_wall_s'] = time.time() - t_start
   export = Path(spec.export_dir or Path(spec.workdir) / 'export')
-  head_lib.save_head(state['params'], hconfig, export, dtype=jnp.dtype(spec.model.export_dtype))
+  head_lib.save_head({**trunk, **state['params']}, hconfig, export,
+                     dtype=jnp.dtype(spec.model.export_dtype))
   # The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d).
   head_lib.save_vocab(export, *head_lib.token_order(train_data.targets, hconfig.vocab_size),
                       f'target-side ids of the {len(train_data.targets)} training examples')

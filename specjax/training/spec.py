@@ -9,6 +9,7 @@ into these dataclasses (unknown, missing and unreadable keys), every check here 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any
 
@@ -84,6 +85,10 @@ class HeadSpec:
   include_references: bool  # train on the references too, beside the target's own outputs
   feature_taps: tuple[int, ...] = ()  # target decoder layers fused beside its final state
   unroll_decay: float = 1.0  # pass k's loss weight is unroll_decay ** (k - 1) (EAGLE-3: 0.8)
+  parallel_depth: int = 0   # P blocks that draft tokens 2 .. P + 1 from one pass (parallel mode)
+  parallel_ff: int = 256    # their hidden width
+  init_from: str = ''       # a head directory to start from (same architecture), e.g. the shipped
+  freeze_trunk: bool = False  # train the parallel blocks only; the rest stays init_from's
 
 
 ONPOLICY_DIVERGENCES = ('tvd', 'fkl')
@@ -214,6 +219,13 @@ def _validate(s: FinetuneSpec):
             >= 0, 'head.feature_taps', 'distinct decoder layer indices >= 0', h.feature_taps)
     require(bool(m.init_from), 'model.init_from', 'the target the head reads (a checkpoint)',
             m.init_from)
+    require(h.parallel_depth >= 0, 'head.parallel_depth', '>= 0', h.parallel_depth)
+    require(h.parallel_ff > 0, 'head.parallel_ff', '> 0', h.parallel_ff)
+    if h.freeze_trunk:
+      require(bool(h.init_from) and h.parallel_depth > 0, 'head.freeze_trunk',
+              'set only with head.init_from and head.parallel_depth > 0', h.freeze_trunk)
+    if h.init_from:
+      _check_head_start(h)
   if s.onpolicy is not None:
     o2 = s.onpolicy
     require(o2.divergence in ONPOLICY_DIVERGENCES, 'onpolicy.divergence',
@@ -231,3 +243,18 @@ def _validate(s: FinetuneSpec):
                'a checkpoint directory with config.json (or a hub id)', path)
 
 
+def _check_head_start(h: HeadSpec):
+  """head.init_from: a head directory whose trunk has the architecture head.* asks for."""
+  cfg = os.path.join(os.path.expanduser(h.init_from), 'head_config.json')
+  try:
+    with open(cfg, encoding='utf-8') as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f'config.head.init_from: no readable head_config.json in {h.init_from} '
+                      f'({type(e).__name__})') from None
+  for field in ('d_model', 'num_heads', 'd_kv', 'd_ff', 'feature_taps'):
+    want, have = getattr(h, field), saved.get(field, () if field == 'feature_taps' else None)
+    if (tuple(want) if field == 'feature_taps' else want) != (
+        tuple(have) if field == 'feature_taps' else have):
+      raise ConfigError(f'config.head.{field}: {want!r}, but the head in {h.init_from} has '
+                        f'{have!r}')
