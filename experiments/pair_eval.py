@@ -113,9 +113,10 @@ def evaluate(a, smoke_root) -> dict:
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=a.max_new_tokens)
   for name in a.drafts.split(','):
     path = resolve(name.strip(), root)
-    if drafts_lib.is_head_dir(path):  # 'head' or 'head:vocab=2582' (a truncated vocabulary)
+    if drafts_lib.is_head_dir(path):  # 'head', 'head:vocab=2582' (truncated), ':parallel=1'
       path, options = drafts_lib.head_spec(path)
-      draft = FeatureHeadDraft.for_target(target, path, vocab=options.get('vocab'))
+      draft = FeatureHeadDraft.for_target(target, path, vocab=options.get('vocab'),
+                                          parallel=bool(options.get('parallel')))
       row = {'draft': name, 'kind': 'feature head',
              'params_m': sum(int(x.size) for x in draft.params.values()) / 1e6}
     else:

@@ -34,17 +34,21 @@ from test_feature_head import (ALWAYS_ACCEPT, M, N, PROMPT, SEED, _greedy_pair, 
 DEPTH = 2  # parallel blocks: drafts 2 and 3 of a block
 
 
+MODES = [False, True]  # parallel_tokens: Medusa-style blocks on z, or a chain through the drafts
+
+
 @functools.lru_cache(maxsize=None)
-def law_pair():
+def law_pair(tokens):
   target = _target()
-  return target, _head(target, parallel=True, parallel_depth=DEPTH, parallel_ff=8)
+  return target, _head(target, parallel=True, parallel_depth=DEPTH, parallel_ff=8,
+                       parallel_tokens=tokens)
 
 
 @functools.lru_cache(maxsize=None)
-def greedy_pair():
+def greedy_pair(tokens=False):
   target, _ = _greedy_pair()
   return target, _head(target, seed=4, scale=2.0, parallel=True, parallel_depth=3,
-                       parallel_ff=8)
+                       parallel_ff=8, parallel_tokens=tokens)
 
 
 @struct.dataclass
@@ -58,8 +62,9 @@ def _with_class(cls, draft):
                                                'candidates', 'packed', 'slot_V', 'parallel')})
 
 
-def test_parallel_block_is_one_pass_with_the_sequential_first_draft():
-  target, par = law_pair()
+@pytest.mark.parametrize('tokens', MODES)
+def test_parallel_block_is_one_pass_with_the_sequential_first_draft(tokens):
+  target, par = law_pair(tokens)
   seq = par.replace(parallel=False)
   ids = jnp.asarray(np.repeat(PROMPT, 4, axis=0))
   state = jax.jit(lambda i: par.init(i, 8, target_cache=target.init_cache(i, 8)))(ids)
@@ -79,11 +84,20 @@ def test_parallel_block_is_one_pass_with_the_sequential_first_draft():
                              rtol=1e-6, atol=1e-7)
   np.testing.assert_array_equal(np.asarray(a.tokens_BxG[:, 0]), np.asarray(b.tokens_BxG[:, 0]))
   np.testing.assert_array_equal(np.asarray(a.n_B), 3)
-  # q_k is the output layer on the k-th parallel state of the window's last position.
+  # q_k is the output layer on the k-th parallel state of the window's last position (with
+  # parallel_tokens, the chain through the drafts the proposal drew).
   z, _ = jax.jit(lambda s: par.window_state(s, seq_BxN, lengths, 3))(state)
-  _, logits = head_lib.outputs(par.params, par.config, head_lib.parallel_states(par.params, z, 3))
+  states = [z]
+  for k in range(2):
+    states.append(head_lib.parallel_step(par.params, par.config, states[-1], z, k,
+                                         par.target_embed_VxDf[a.tokens_BxG[:, k]]))
+  _, logits = head_lib.outputs(par.params, par.config, jnp.stack(states, 1))
   np.testing.assert_allclose(np.asarray(a.q_BxGxV), np.asarray(jax.nn.softmax(logits, -1)),
                              rtol=1e-5, atol=1e-6)
+  if not tokens:
+    np.testing.assert_allclose(
+        np.asarray(jnp.stack(states, 1)),
+        np.asarray(head_lib.parallel_states(par.params, par.config, z, 3)), rtol=1e-6)
   # The blocks matter: drafts 2 and 3 are not drafted from draft 1's law.
   assert float(jnp.max(jnp.abs(a.q_BxGxV[:, 1] - a.q_BxGxV[:, 0]))) > 1e-2
   # The head's cache holds the window's entries (true features) up to each row's length, as
@@ -105,13 +119,15 @@ def _greedy_identical(target, head):
   np.testing.assert_array_equal(out.tokens, base.tokens, err_msg='confidence stop')
 
 
-def test_parallel_head_greedy_identical():
-  _greedy_identical(*greedy_pair())
+@pytest.mark.parametrize('tokens', MODES)
+def test_parallel_head_greedy_identical(tokens):
+  _greedy_identical(*greedy_pair(tokens))
 
 
 @pytest.mark.skipif(not cpu_kernels.available(), reason=cpu_kernels.status())
-def test_parallel_head_on_the_kernels():
-  target, head = greedy_pair()
+@pytest.mark.parametrize('tokens', MODES)
+def test_parallel_head_on_the_kernels(tokens):
+  target, head = greedy_pair(tokens)
   target = target.pack()
   head = FeatureHeadDraft.for_target(target, (head.params, head.config), parallel=True)
   assert head.packed is not None and head.parallel
@@ -119,8 +135,8 @@ def test_parallel_head_on_the_kernels():
 
 
 @functools.lru_cache(maxsize=None)
-def law_pvalue(temperature, verifier='token', draft_cls=None):
-  target, draft = law_pair()
+def law_pvalue(temperature, tokens, verifier='token', draft_cls=None):
+  target, draft = law_pair(tokens)
   if draft_cls is not None:
     draft = _with_class(draft_cls, draft)
   out = loop.speculative_decode(target, draft, np.repeat(PROMPT, N, axis=0), gamma=DEPTH + 1,
@@ -131,26 +147,30 @@ def law_pvalue(temperature, verifier='token', draft_cls=None):
   return chi2_pvalue(counts_of(out.tokens), exact_law(Sampling(temperature=temperature))), hist
 
 
+@pytest.mark.parametrize('tokens', MODES)
 @pytest.mark.parametrize('temperature', [1.0, 0.7])
-def test_parallel_head_follows_target_law(temperature):
-  p, hist = law_pvalue(temperature)
-  print(f'parallel head T={temperature}: chi-square p = {p:.3g}, accepted hist {hist}')
+def test_parallel_head_follows_target_law(temperature, tokens):
+  p, hist = law_pvalue(temperature, tokens)
+  print(f'parallel head (tokens {tokens}) T={temperature}: chi-square p = {p:.3g}, accepted '
+        f'hist {hist}')
   assert hist[:3].min() > 1000, hist  # rejections at every draft, full acceptances
   assert p > 1e-3
 
 
-def test_parallel_head_law_controls_are_rejected():
-  p, _ = law_pvalue(1.0, ALWAYS_ACCEPT)
-  print(f'parallel head, always-accept control: chi-square p = {p:.3g}')
+@pytest.mark.parametrize('tokens', MODES)
+def test_parallel_head_law_controls_are_rejected(tokens):
+  p, _ = law_pvalue(1.0, tokens, ALWAYS_ACCEPT)
+  print(f'parallel head (tokens {tokens}), always-accept control: chi-square p = {p:.3g}')
   assert p < 1e-6
   with reused_step_noise():
-    p, _ = law_pvalue(1.0, draft_cls=ReusedNoiseParallelHead)
-  print(f'parallel head, one uniform per block control: chi-square p = {p:.3g}')
+    p, _ = law_pvalue(1.0, tokens, draft_cls=ReusedNoiseParallelHead)
+  print(f'parallel head (tokens {tokens}), one uniform per block control: chi-square p = '
+        f'{p:.3g}')
   assert p < 1e-6
 
 
 def test_parallel_options_are_one_line_errors(tmp_path):
-  target, head = greedy_pair()
+  target, head = greedy_pair(True)
   plain = _head(target, seed=4)
   assert 'par_in' not in plain.params and plain.config.parallel_depth == 0
   with pytest.raises(ValueError, match='parallel=1 needs a head trained with parallel') as e:
@@ -164,12 +184,14 @@ def test_parallel_options_are_one_line_errors(tmp_path):
   # Saved and loaded with its blocks; a head file without them still loads as a plain head.
   head_lib.save_head(head.params, head.config, tmp_path / 'par')
   params, config = head_lib.load_head(tmp_path / 'par')
-  assert config.parallel_depth == 3 and params['par_in'].shape == (3, 8, 8)
+  assert config.parallel_depth == 3 and config.parallel_tokens
+  assert params['par_in'].shape == (3, 8 + target.config.d_model, 8)
   head_lib.save_head(plain.params, plain.config, tmp_path / 'old')
   cfg_file = tmp_path / 'old' / head_lib.CONFIG_NAME
   text = cfg_file.read_text()
-  cfg_file.write_text(text.replace('  "parallel_depth": 0,\n', '').replace(
-      '  "parallel_ff": 256,\n', ''))  # as written before the parallel mode
+  for field in ('"parallel_depth": 0', '"parallel_ff": 256', '"parallel_tokens": false'):
+    text = text.replace(f'  {field},\n', '')  # as written before the parallel mode
+  cfg_file.write_text(text)
   assert 'parallel' not in cfg_file.read_text()
   params, config = head_lib.load_head(tmp_path / 'old')
   assert config == plain.config and 'par_in' not in params

@@ -108,9 +108,10 @@ def test_fused_head_trains_on_tapped_layers_and_decodes_exactly(pair, tmp_path):
 
 
 def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
-  """configs/finetune/bible_head_parallel.py:smoke trains a head with parallel blocks (dev alpha
-  per depth logged); a second run from its export with head.freeze_trunk trains the blocks alone:
-  the trunk comes back bit-identical, the blocks change, and both modes decode exactly."""
+  """configs/finetune/bible_head_parallel.py:smoke trains a head with chained parallel blocks
+  (dev alpha per depth logged); a second run from its export with head.freeze_trunk trains
+  Medusa-style blocks alone: the trunk comes back bit-identical, the blocks are new, and both
+  modes decode exactly."""
   import specjax
   from specjax.decoding.feature_head import FeatureHeadDraft
   from specjax.models import head as head_lib
@@ -122,15 +123,19 @@ def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
                                **common))
   assert res['steps'] == 6 and 0 < res['dev_alpha_d2'] <= 1 and 0 < res['dev_alpha_d3'] <= 1
   first, config = head_lib.load_head(res['export_dir'])
-  assert config.parallel_depth == 2 and first['par_in'].shape == (2, 16, 8)
+  assert config.parallel_depth == 2 and config.parallel_tokens
+  assert first['par_in'].shape == (2, 16 + 32, 8)  # the state and the draft's embedding
   assert float(jnp.max(jnp.abs(first['par_out']))) > 0  # the blocks trained from zero
-  res = finetune.train(_config('bible_head_parallel', 'smoke', tmp_path / 'q', steps=4,
-                               **common, **{'head.init_from': res['export_dir'],
-                                            'head.freeze_trunk': True}))
-  second, _ = head_lib.load_head(res['export_dir'])
+  res = finetune.train(_config('bible_head_parallel', 'smoke,blocks=medusa', tmp_path / 'q',
+                               steps=4, **common, **{'head.init_from': res['export_dir'],
+                                                     'head.freeze_trunk': True}))
+  second, config = head_lib.load_head(res['export_dir'])
+  assert not config.parallel_tokens and second['par_in'].shape == (2, 16, 8)
   for name, value in first.items():
-    same = np.array_equal(np.asarray(value), np.asarray(second[name]))
+    same = value.shape == second[name].shape and np.array_equal(np.asarray(value),
+                                                                np.asarray(second[name]))
     assert same == (name not in ('par_in', 'par_out')), name
+  assert float(jnp.max(jnp.abs(second['par_out']))) > 0
   target = specjax.load_t5(target_dir)
   ids = np.array([[5, 9, 22, 7, 1], [8, 3, 1, 0, 0]], np.int32)
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)

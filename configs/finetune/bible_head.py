@@ -19,8 +19,8 @@ def head_section(d_model=192, num_heads=3, d_kv=64, d_ff=512):
   return ml_collections.ConfigDict(dict(
       d_model=d_model, num_heads=num_heads, d_kv=d_kv, d_ff=d_ff, feature_weight=1.0,
       distribution_weight=1.0, feature_noise=0.05, unroll=2, include_references=True,
-      feature_taps=(), unroll_decay=1.0, parallel_depth=0, parallel_ff=256, init_from='',
-      freeze_trunk=False))
+      feature_taps=(), unroll_decay=1.0, parallel_depth=0, parallel_ff=256,
+      parallel_tokens=False, init_from='', freeze_trunk=False))
 
 
 def get_config(arg=None):

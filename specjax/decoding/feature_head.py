@@ -273,20 +273,31 @@ class FeatureHeadDraft:
   def propose_parallel(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
                        sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:
     """The whole block from the window's one pass: q for draft k is the output layer on the
-    k-th parallel state (head_lib.parallel_states), so it depends on the verified prefix only,
-    not on drafts 1 .. k - 1 -- a valid draft law, verified by the usual exact rule."""
+    k-th parallel state (head_lib.parallel_step), which depends on the verified prefix and, with
+    parallel_tokens, on drafts 1 .. k - 1 -- a valid draft law, verified by the usual exact rule."""
     depth = self.config.parallel_depth + 1
     if gamma > depth:
       raise ValueError(f'feature head parallel=1: gamma={gamma} exceeds the {depth} drafts one '
                        f'pass of this head makes (head.parallel_depth={depth - 1})')
     z_BxD, cache = self.window_state(state, seq_BxN, lengths_B, gamma)
-    _, logits_BxGxVd = head_lib.outputs(self.params, self.config,
-                                        head_lib.parallel_states(self.params, z_BxD, gamma),
-                                        self.packed)
-    logits_BxGxV = self.full_vocab(logits_BxGxVd)
-    q_BxGxV, view_BxGxV = protocol.views(logits_BxGxV, sampling)
     draw = protocol.noise_draw(keys_B, gamma, sampling)
-    tokens_BxG = jnp.stack([draw(k, q_BxGxV[:, k]) for k in range(gamma)], axis=1)
+    if self.config.parallel_tokens:  # draft k feeds the state of draft k + 1
+      s_BxD, tokens, logits = z_BxD, [], []
+      for k in range(gamma):
+        if k:
+          s_BxD = head_lib.parallel_step(self.params, self.config, s_BxD, z_BxD, k - 1,
+                                         self.target_embed_VxDf[tokens[-1]])
+        logits.append(self.full_vocab(
+            head_lib.outputs(self.params, self.config, s_BxD[:, None], self.packed)[1][:, 0]))
+        tokens.append(draw(k, protocol.views(logits[-1], sampling)[0]))
+      logits_BxGxV, tokens_BxG = jnp.stack(logits, 1), jnp.stack(tokens, 1)
+      q_BxGxV, view_BxGxV = protocol.views(logits_BxGxV, sampling)
+    else:
+      states_BxGxD = head_lib.parallel_states(self.params, self.config, z_BxD, gamma)
+      logits_BxGxV = self.full_vocab(
+          head_lib.outputs(self.params, self.config, states_BxGxD, self.packed)[1])
+      q_BxGxV, view_BxGxV = protocol.views(logits_BxGxV, sampling)
+      tokens_BxG = jnp.stack([draw(k, q_BxGxV[:, k]) for k in range(gamma)], axis=1)
     n_B = protocol.cut(stop, tokens_BxG, q_BxGxV, limit_B, view_BxGxV)
     q_BxGxV = jnp.where(jnp.isnan(logits_BxGxV).any(), jnp.nan, q_BxGxV)
     return Proposal(protocol.pad_after(tokens_BxG, n_B), q_BxGxV, n_B, jnp.int32(1),

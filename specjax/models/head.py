@@ -27,9 +27,10 @@ Params (weights [in, out]):
   final_norm    [D]
   feat_out      [D, Df]          predicted f_j
   lm_head       [D, V]           logits for y_{j+1}
-  par_in [P, D, Fp], par_out [P, Fp, D]   parallel mode only (P = parallel_depth > 0): the
+  par_in [P, D (+ Df), Fp], par_out [P, Fp, D]   parallel mode only (P = parallel_depth > 0):
                  residual blocks that turn the state at position j into the states whose logits
-                 are q for y_{j+2} .. y_{j+P+1} (Medusa-style per-position heads on one pass)
+                 are q for y_{j+2} .. y_{j+P+1}: Medusa-style per-position heads on one pass, or
+                 with parallel_tokens a chain that also reads each drafted token (Hydra-style)
 
 Files: `save_head` writes head_config.json + head.safetensors (a few MB); the target is loaded
 separately (its embedding and cross K/V are read, never copied). An optional vocab.json
@@ -76,6 +77,7 @@ class HeadConfig:
   feature_taps: tuple[int, ...] = ()  # target decoder layers fused beside the final state
   parallel_depth: int = 0   # P: output blocks for drafts 2 .. P + 1 from one pass (parallel mode)
   parallel_ff: int = 256    # their hidden width
+  parallel_tokens: bool = False  # block k also reads draft k (a chain, Hydra-style), not z only
 
   def __post_init__(self):
     object.__setattr__(self, 'feature_taps', tuple(int(i) for i in self.feature_taps))
@@ -140,19 +142,30 @@ def parallel_params(config: HeadConfig, normal, dtype) -> Params:
   p, d, f = config.parallel_depth, config.d_model, config.parallel_ff
   if not p:
     return {}
-  return {'par_in': normal((p, d, f), d ** -0.5), 'par_out': jnp.zeros((p, f, d), dtype)}
+  din = d + (config.feature_dim if config.parallel_tokens else 0)
+  return {'par_in': normal((p, din, f), din ** -0.5), 'par_out': jnp.zeros((p, f, d), dtype)}
 
 
-def parallel_states(params: Params, z_BxD, depth: int):
-  """[B, depth, D]: z, then z + silu(z W_in_k) W_out_k for k = 1 .. depth - 1 (Medusa's residual
-  blocks on the head's state): the states whose logits (`outputs`) are q for drafts
-  1 .. depth of a block, all from the one pass that made z."""
-  if depth == 1:
-    return z_BxD[:, None]
-  w_in, w_out = params['par_in'][:depth - 1], params['par_out'][:depth - 1]
-  h = jax.nn.silu(jnp.einsum('bd,kdf->bkf', z_BxD, w_in.astype(z_BxD.dtype)))
-  out = z_BxD[:, None] + jnp.einsum('bkf,kfd->bkd', h, w_out.astype(z_BxD.dtype))
-  return jnp.concatenate([z_BxD[:, None], out], axis=1)
+def parallel_step(params: Params, config: HeadConfig, s_xD, z_xD, k: int, token_emb_xDf=None):
+  """The state whose logits (`outputs`) are q for draft k + 2 of a block, from block k (0-based):
+  z + silu(z W_in_k) W_out_k (Medusa: every depth reads the window pass's state z), or with
+  parallel_tokens s + silu([s; embed(d_{k+1})] W_in_k) W_out_k (a chain through the previous
+  state s and the draft just drawn, Hydra-style: q then follows the drafts, which matters at
+  T > 0). Either way no head pass: one small MLP per draft."""
+  w_in, w_out = params['par_in'][k], params['par_out'][k]
+  base = s_xD if config.parallel_tokens else z_xD
+  x = jnp.concatenate([s_xD, token_emb_xDf.astype(s_xD.dtype)], -1) if (
+      config.parallel_tokens) else z_xD
+  return base + jax.nn.silu(x @ w_in.astype(x.dtype)) @ w_out.astype(x.dtype)
+
+
+def parallel_states(params: Params, config: HeadConfig, z_BxD, depth: int):
+  """[B, depth, D]: z, then `parallel_step`'s states for drafts 2 .. depth (a head without
+  parallel_tokens: they read z alone, so the whole block's states come at once)."""
+  states = [z_BxD]
+  for k in range(depth - 1):
+    states.append(parallel_step(params, config, states[-1], z_BxD, k))
+  return jnp.stack(states, axis=1)
 
 
 def param_count(config: HeadConfig) -> int:

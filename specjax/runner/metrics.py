@@ -96,6 +96,37 @@ def measure_c(target, draft, batch_BxS, cache_len: int, repeats: int = 15,
   return _ratio({'a': stepper(draft), 'b': stepper(target)}, repeats, rounds)
 
 
+def measure_proposal_cost(target, draft, batch_BxS, cache_len: int, gamma: int,
+                          repeats: int = 15, steps: int = 32, rounds: int = 3) -> float:
+  """What drafting one block of `gamma` tokens costs, in the target's 1-token steps: the draft's
+  `propose` (every pass it makes for the block: a sequential head's window pass and gamma - 1
+  one-token passes, a parallel head's one pass, a T5 draft's gamma steps) over the target's
+  1-token step, each timed inside one compiled loop of `steps` calls at the same offsets (as
+  `measure_c`). gamma * c prices a sequential draft's block; this measures any draft's."""
+  from specjax.decoding import model_draft, protocol, stopping  # pylint: disable=import-outside-toplevel
+  from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
+  draft = model_draft.as_draft(draft)
+  ids_BxS = jnp.asarray(batch_BxS)
+  b = ids_BxS.shape[0]
+  lengths_B = jnp.full((b,), cache_len // 2, jnp.int32)
+  target_cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
+  state = jax.jit(lambda c: protocol.init_draft(draft, ids_BxS, cache_len, c))(target_cache)
+  seq_BxN = jnp.ones((b, cache_len + gamma + 2), jnp.int32)
+  keys_B = jax.random.split(jax.random.PRNGKey(0), b)
+  limit_B = jnp.full((b,), gamma, jnp.int32)
+
+  def body_fn(_, carry):
+    st, seq = carry
+    prop = draft.propose(st, seq, lengths_B, keys_B, gamma, Sampling(temperature=0.0),
+                         stop=stopping.Fixed(), limit_B=limit_B)
+    return prop.state, seq.at[:, 1].set(prop.tokens_BxG[:, -1])  # the drafts feed the next
+
+  fns = {'a': lambda: jax.lax.fori_loop(0, steps, body_fn, (state, seq_BxN))[1],
+         'b': lambda: step_loop(target, target_cache, jnp.zeros((b, 1), jnp.int32), lengths_B,
+                                steps=steps)}
+  return _ratio({k: jax.jit(f) for k, f in fns.items()}, repeats, rounds)
+
+
 def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: int = 15,
                        steps: int = 32, rounds: int = 3) -> float:
   """The target's (gamma+1)-token decode step over its 1-token step, same batch and offsets, each

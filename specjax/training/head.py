@@ -82,20 +82,23 @@ def head_passes(hparams, hconfig: head_lib.HeadConfig, embed_VxDf, view, dec_in_
   return outs, z1
 
 
-def parallel_sums(hparams, hconfig: head_lib.HeadConfig, z_BxTxD, log_p_BxTxV, mask_BxT):
+def parallel_sums(hparams, hconfig: head_lib.HeadConfig, z_BxTxD, log_p_BxTxV, mask_BxT,
+                  dec_in_BxT, embed_VxDf):
   """Per parallel depth k = 2 .. P + 1: sums over positions j (where j + k - 1 is a target
   position) of KL(p_{j+k-1} || q_k(j)), sum_x min(p, q) and argmax agreement, where q_k(j) is
-  what the parallel mode drafts token k of a block from when the verified prefix ends at j."""
-  b, t, d = z_BxTxD.shape
-  depth = hconfig.parallel_depth + 1
-  zs = head_lib.parallel_states(hparams, z_BxTxD.reshape(b * t, d), depth)[:, 1:]
-  _, logits = head_lib.outputs(hparams, hconfig, zs.reshape(b, t * (depth - 1), d))
-  logits = logits.reshape(b, t, depth - 1, -1)
+  what the parallel mode drafts token k of a block from when the verified prefix ends at j
+  (with parallel_tokens, after drafts 1 .. k - 1 equal to the training targets y_{j+1} ..)."""
+  t = z_BxTxD.shape[1]
+  s = z_BxTxD
   out = []
-  for k in range(2, depth + 1):  # q_k at j reads p at j + k - 1: shift p (and the mask) left
-    log_p = log_p_BxTxV[:, k - 1:]
+  for k in range(2, hconfig.parallel_depth + 2):
+    # Draft k - 1 of the block at j is y_{j+k-1}, the decoder input at j + k - 1.
+    prev_tok = jnp.pad(dec_in_BxT[:, k - 1:], ((0, 0), (0, k - 1)))
+    s = head_lib.parallel_step(hparams, hconfig, s, z_BxTxD, k - 2, embed_VxDf[prev_tok])
+    _, logits = head_lib.outputs(hparams, hconfig, s)
+    log_p = log_p_BxTxV[:, k - 1:]  # q_k at j reads p at j + k - 1: shift p and the mask left
     m = mask_BxT[:, k - 1:]
-    log_q = jax.nn.log_softmax(logits[:, :t - k + 1, k - 2], -1)
+    log_q = jax.nn.log_softmax(logits[:, :t - k + 1], -1)
     p = jnp.exp(log_p)
     kl = jnp.sum(p * (log_p - log_q), -1)
     top1 = (jnp.argmax(log_p, -1) == jnp.argmax(log_q, -1)).astype(jnp.float32)
@@ -157,7 +160,8 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
     total = 0.0 if h.freeze_trunk else sum(
         w * (h.feature_weight * s['feat'] + h.distribution_weight * s['kl'])
         for w, s in zip(weights, sums)) / sum(weights)
-    par = parallel_sums(params, hconfig, z, view[1], mask) if h.parallel_depth else []
+    par = (parallel_sums(params, hconfig, z, view[1], mask, dec_in, tparams['shared'])
+           if h.parallel_depth else [])
     if par:  # each depth's KL, averaged over the depths
       total = total + h.distribution_weight * sum(s['kl'] for s in par) / len(par)
     return total / n, (total, sums, par, n)
@@ -185,8 +189,9 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
     out = {'dev_alpha': first['alpha'], 'dev_top1': first['top1'],
            f'dev_alpha{h.unroll}': last['alpha'], f'dev_top1_{h.unroll}': last['top1'],
            'n': jnp.sum(mask)}
-    for k, s in enumerate(parallel_sums(params, hconfig, z, view[1], mask) if
-                          h.parallel_depth else [], start=2):
+    par = (parallel_sums(params, hconfig, z, view[1], mask, dec_in, tparams['shared'])
+           if h.parallel_depth else [])
+    for k, s in enumerate(par, start=2):
       out.update({f'dev_alpha_d{k}': s['alpha'], f'dev_top1_d{k}': s['top1'], f'n_d{k}': s['n']})
     return out
 
@@ -199,7 +204,8 @@ def head_start(spec: FinetuneSpec, target_config: t5.T5Config, key):
   head.freeze_trunk the fresh params are the parallel blocks alone and `trunk` the rest."""
   h = spec.head
   dtype = jnp.dtype(spec.model.param_dtype)
-  arch = dict(parallel_depth=h.parallel_depth, parallel_ff=h.parallel_ff)
+  arch = dict(parallel_depth=h.parallel_depth, parallel_ff=h.parallel_ff,
+              parallel_tokens=h.parallel_tokens)
   if not h.init_from:
     hconfig = head_lib.HeadConfig.for_target(target_config, d_model=h.d_model,
                                              num_heads=h.num_heads, d_kv=h.d_kv, d_ff=h.d_ff,

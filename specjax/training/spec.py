@@ -87,6 +87,7 @@ class HeadSpec:
   unroll_decay: float = 1.0  # pass k's loss weight is unroll_decay ** (k - 1) (EAGLE-3: 0.8)
   parallel_depth: int = 0   # P blocks that draft tokens 2 .. P + 1 from one pass (parallel mode)
   parallel_ff: int = 256    # their hidden width
+  parallel_tokens: bool = False  # block k also reads draft k (a chain, Hydra-style)
   init_from: str = ''       # a head directory to start from (same architecture), e.g. the shipped
   freeze_trunk: bool = False  # train the parallel blocks only; the rest stays init_from's
 
