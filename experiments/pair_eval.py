@@ -1,6 +1,7 @@
 """Quality and acceptance of the shipped pair and its drafts: BLEU, alpha, tokens per target call.
 
   python experiments/pair_eval.py [--drafts=draft,head,head:vocab=2582,runs/x/export] [--out=results/bench/pair_eval.json]
+  python experiments/pair_eval.py --drafts='head;head:vocab=2582,parallel=1'   # ';' with options
   python experiments/pair_eval.py --smoke                                  # tests
 
 Greedy BLEU (sacrebleu, 13a) of the target and of every T5 draft on the first --bleu_n test
@@ -111,7 +112,8 @@ def evaluate(a, smoke_root) -> dict:
            'bleu': bleu(target)}]
   ids = ids_of(src[:a.alpha_n])
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=a.max_new_tokens)
-  for name in a.drafts.split(','):
+  # ';' separates drafts when a head's options hold a ',' ('head:vocab=2582,parallel=1').
+  for name in a.drafts.split(';' if ';' in a.drafts else ','):
     path = resolve(name.strip(), root)
     if drafts_lib.is_head_dir(path):  # 'head', 'head:vocab=2582' (truncated), ':parallel=1'
       path, options = drafts_lib.head_spec(path)

@@ -195,3 +195,27 @@ def test_parallel_options_are_one_line_errors(tmp_path):
   assert 'parallel' not in cfg_file.read_text()
   params, config = head_lib.load_head(tmp_path / 'old')
   assert config == plain.config and 'par_in' not in params
+
+
+def test_runner_parallel_option(tmp_path):
+  from specjax.errors import ConfigError  # pylint: disable=import-outside-toplevel
+  from specjax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from specjax.runner import drafts  # pylint: disable=import-outside-toplevel
+  target, head = greedy_pair(True)
+  d, plain = str(tmp_path / 'par'), str(tmp_path / 'plain')
+  head_lib.save_head(head.params, head.config, d)
+  head_lib.save_head(_head(target, seed=4).params, _head(target, seed=4).config, plain)
+  assert drafts.head_spec(d + ':parallel=1') == (d, {'parallel': 1})
+  config_lib.check_head('drafts[0]', d + ':parallel=1', (1, 3, 4))
+  built = drafts.build(None, d + ':parallel=1', target, None, 'task')
+  assert isinstance(built, FeatureHeadDraft) and built.parallel
+  assert not drafts.build(None, d, target, None, 'task').parallel
+  with pytest.raises(ValueError, match='parallel=.2. .*1 or left out'):
+    drafts.head_spec(d + ':parallel=2')
+  for name, gammas, trees, match in (
+      (plain, (3,), '', r'config.drafts\[0\]: parallel=1 needs a head trained with parallel'),
+      (d, (3, 5), '', r'config.gammas: 5 exceeds the 4 drafts one pass'),
+      (d, (3,), '(2,1)', r'config.trees: .*parallel=1 drafts chains only')):
+    with pytest.raises(ConfigError, match=match) as e:
+      config_lib.check_head('drafts[0]', name + ':parallel=1', gammas, trees)
+    assert '\n' not in str(e.value)

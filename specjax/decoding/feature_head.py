@@ -38,6 +38,14 @@ the next proposal (D + 1 positions) rewrites every position since. After plain d
 (gamma='auto' picks 0) the features still arrive through commit, and `resync` re-feeds the whole
 prefix once with them.
 
+Parallel mode (`for_target(..., parallel=True)`, draft name 'DIR:parallel=1'; a head trained
+with parallel blocks, HeadConfig.parallel_depth): the window pass is the block's only head pass.
+Its state z at the last verified position gives q for d_1 as above; small residual MLPs on z
+(head_lib.parallel_step) give q for d_2 .. d_G, each either from z alone (Medusa-style) or
+chained through the previous state and the draft just drawn (parallel_tokens, Hydra-style). Each
+q_k depends only on the prefix and d_1 .. d_{k-1}, and each d_k is drawn from it: the usual rule
+is exact. Chains only (a tree expands level by level); gamma <= parallel_depth + 1.
+
 Truncated draft vocabulary (FR-Spec, EAGLE-3): `for_target(..., vocab=V_d)` keeps the lm_head
 columns of the V_d most frequent target ids (the head directory's vocab.json) and `slot_V` maps
 every target id to its column, V_d for a dropped id, whose logit is then -inf: q over the full
