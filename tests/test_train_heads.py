@@ -6,6 +6,7 @@ bible_draft_onpolicy.py against a random d_model-32 target/draft pair on the shi
 
 import importlib
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -122,7 +123,8 @@ def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
   res = finetune.train(_config('bible_head_parallel', 'smoke', tmp_path / 'p', steps=6,
                                **common))
   assert res['steps'] == 6 and 0 < res['dev_alpha_d2'] <= 1 and 0 < res['dev_alpha_d3'] <= 1
-  first, config = head_lib.load_head(res['export_dir'])
+  first_dir = res['export_dir']
+  first, config = head_lib.load_head(first_dir)
   assert config.parallel_depth == 2 and config.parallel_tokens
   assert first['par_in'].shape == (2, 16 + 32, 8)  # the state and the draft's embedding
   assert float(jnp.max(jnp.abs(first['par_out']))) > 0  # the blocks trained from zero
@@ -136,6 +138,8 @@ def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
                                                                 np.asarray(second[name]))
     assert same == (name not in ('par_in', 'par_out')), name
   assert float(jnp.max(jnp.abs(second['par_out']))) > 0
+  vocab = lambda d: (Path(d) / head_lib.VOCAB_NAME).read_text()  # noqa: E731
+  assert vocab(res['export_dir']) == vocab(first_dir)  # the frozen trunk keeps its ranking
   target = specjax.load_t5(target_dir)
   ids = np.array([[5, 9, 22, 7, 1], [8, 3, 1, 0, 0]], np.int32)
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)

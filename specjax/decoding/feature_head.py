@@ -247,14 +247,11 @@ class FeatureHeadDraft:
   def window(self, state: HeadState, seq_BxN, lengths_B, gamma: int):
     """The pass over positions w .. w + gamma (w = max(L - gamma, 0)) with the true features:
     (logits [B, V] for the token after seq[L], the predicted f_L [B, Df], cache)."""
-    g1 = gamma + 1
-    w_B = jnp.maximum(lengths_B - gamma, 0)
-    feat_BxG1xDf, logits_BxG1xVd, cache = self._block_d(
-        state, state.cache, _rows(seq_BxN, w_B, g1), _rows(state.prev_BxNxDf, w_B, g1), w_B)
-    at_B = (lengths_B - w_B)[:, None, None]
-    # Only the one position used goes through `full_vocab` (a gather over V per row).
-    return (self.full_vocab(jnp.take_along_axis(logits_BxG1xVd, at_B, axis=1)[:, 0]),
-            jnp.take_along_axis(feat_BxG1xDf, at_B, axis=1)[:, 0], cache)
+    z_BxD, cache = self.window_state(state, seq_BxN, lengths_B, gamma)
+    # The output layers (and `full_vocab`'s gather over V) run on the one position used only.
+    feat_Bx1xDf, logits_Bx1xVd = head_lib.outputs(self.params, self.config, z_BxD[:, None],
+                                                  self.packed)
+    return self.full_vocab(logits_Bx1xVd[:, 0]), feat_Bx1xDf[:, 0], cache
 
   def propose(self, state: HeadState, seq_BxN, lengths_B, keys_B, gamma: int,
               sampling: sampling_lib.Sampling, *, stop, limit_B) -> Proposal:

@@ -27,12 +27,15 @@ analogue at T = 0), for pass 1 (true features: the first draft of a block) and p
 The train state is {params, opt_state, step} of the head alone; checkpoints, the data position,
 logs and metrics are the shared loop's (specjax.training.trainer.run_loop). Export: save_head's
 head_config.json + head.safetensors in `export_dir`, and vocab.json (save_vocab: the training
-targets' token ids by frequency, for a truncated draft vocabulary).
+targets' token ids by frequency, for a truncated draft vocabulary; with head.freeze_trunk the
+head.init_from's own). Parallel blocks (head.parallel_depth, specjax.models.head.parallel_step)
+are trained on KL(p_{j+k-1} || q_k(j)) per depth k; with head.freeze_trunk alone.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -279,8 +282,13 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   export = Path(spec.export_dir or Path(spec.workdir) / 'export')
   head_lib.save_head({**trunk, **state['params']}, hconfig, export,
                      dtype=jnp.dtype(spec.model.export_dtype))
-  # The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d).
-  head_lib.save_vocab(export, *head_lib.token_order(train_data.targets, hconfig.vocab_size),
-                      f'target-side ids of the {len(train_data.targets)} training examples')
+  # The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d): a
+  # frozen trunk keeps its own (its output layer learned on those counts), else this run's.
+  start_vocab = Path(h.init_from or '.').expanduser() / head_lib.VOCAB_NAME
+  if h.freeze_trunk and start_vocab.is_file():
+    shutil.copyfile(start_vocab, export / head_lib.VOCAB_NAME)
+  else:
+    head_lib.save_vocab(export, *head_lib.token_order(train_data.targets, hconfig.vocab_size),
+                        f'target-side ids of the {len(train_data.targets)} training examples')
   results['head_params'] = head_lib.param_count(hconfig)
   return trainer.finish(spec, export, results, log, t_start)
