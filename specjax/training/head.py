@@ -135,6 +135,14 @@ def pass_sums(view, feat, logits, mask_BxT, parts: int = 1):
           (('feat', feat_err), ('kl', kl), ('alpha', overlap), ('top1', top1))}
 
 
+def batch_view(tparams, tconfig: t5.T5Config, batch, taps):
+  """(decoder inputs, label mask, target_view) of a training batch."""
+  labels = batch['labels']
+  dec_in = t5.shift_right(labels, tconfig)
+  mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
+  return dec_in, mask, target_view(tparams, tconfig, batch['inputs'], dec_in, taps)
+
+
 def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
   """(train_step(state, batch, tparams, trunk), eval_step(params, tparams, batch) -> sums).
   With head.freeze_trunk the state's params are the parallel blocks only and `trunk` the rest
@@ -142,12 +150,7 @@ def make_steps(spec: FinetuneSpec, hconfig, tconfig, optimizer):
   h = spec.head
   parts = 1 + len(h.feature_taps)
   unroll = 1 if h.freeze_trunk else h.unroll  # a frozen trunk's passes train nothing
-
-  def view_of(tparams, batch):
-    labels = batch['labels']
-    dec_in = t5.shift_right(labels, tconfig)
-    mask = (labels != tconfig.pad_token_id).astype(jnp.float32)
-    return dec_in, mask, target_view(tparams, tconfig, batch['inputs'], dec_in, h.feature_taps)
+  view_of = lambda tparams, batch: batch_view(tparams, tconfig, batch, h.feature_taps)  # noqa: E731
 
   def loss_fn(hparams, tparams, trunk, batch, key):
     params = {**trunk, **hparams}
@@ -282,13 +285,17 @@ def train(spec: FinetuneSpec, mngr, log, t_start) -> dict[str, Any]:
   export = Path(spec.export_dir or Path(spec.workdir) / 'export')
   head_lib.save_head({**trunk, **state['params']}, hconfig, export,
                      dtype=jnp.dtype(spec.model.export_dtype))
-  # The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d): a
-  # frozen trunk keeps its own (its output layer learned on those counts), else this run's.
+  export_vocab(h, export, train_data.targets, hconfig.vocab_size)
+  results['head_params'] = head_lib.param_count(hconfig)
+  return trainer.finish(spec, export, results, log, t_start)
+
+
+def export_vocab(h, export: Path, targets, vocab_size: int) -> None:
+  """The token ranking a truncated draft vocabulary is cut from (FeatureHeadDraft vocab=V_d): a
+  frozen trunk keeps its own (its output layer learned on those counts), else this run's."""
   start_vocab = Path(h.init_from or '.').expanduser() / head_lib.VOCAB_NAME
   if h.freeze_trunk and start_vocab.is_file():
     shutil.copyfile(start_vocab, export / head_lib.VOCAB_NAME)
   else:
-    head_lib.save_vocab(export, *head_lib.token_order(train_data.targets, hconfig.vocab_size),
-                        f'target-side ids of the {len(train_data.targets)} training examples')
-  results['head_params'] = head_lib.param_count(hconfig)
-  return trainer.finish(spec, export, results, log, t_start)
+    head_lib.save_vocab(export, *head_lib.token_order(targets, vocab_size),
+                        f'target-side ids of the {len(targets)} training examples')

@@ -210,23 +210,7 @@ def _validate(s: FinetuneSpec):
   require(0 <= o.label_smoothing < 1, 'optim.label_smoothing', 'in [0, 1)', o.label_smoothing)
   require(o.z_loss >= 0, 'optim.z_loss', '>= 0', o.z_loss)
   if s.head is not None:
-    h = s.head
-    for field in ('d_model', 'num_heads', 'd_kv', 'd_ff', 'unroll'):
-      require(getattr(h, field) > 0, f'head.{field}', '> 0', getattr(h, field))
-    for field in ('feature_weight', 'distribution_weight', 'feature_noise'):
-      require(getattr(h, field) >= 0, f'head.{field}', '>= 0', getattr(h, field))
-    require(0 < h.unroll_decay <= 1, 'head.unroll_decay', 'in (0, 1]', h.unroll_decay)
-    require(len(set(h.feature_taps)) == len(h.feature_taps) and min(h.feature_taps, default=0)
-            >= 0, 'head.feature_taps', 'distinct decoder layer indices >= 0', h.feature_taps)
-    require(bool(m.init_from), 'model.init_from', 'the target the head reads (a checkpoint)',
-            m.init_from)
-    require(h.parallel_depth >= 0, 'head.parallel_depth', '>= 0', h.parallel_depth)
-    require(h.parallel_ff > 0, 'head.parallel_ff', '> 0', h.parallel_ff)
-    if h.freeze_trunk:
-      require(bool(h.init_from) and h.parallel_depth > 0, 'head.freeze_trunk',
-              'set only with head.init_from and head.parallel_depth > 0', h.freeze_trunk)
-    if h.init_from:
-      _check_head_start(h)
+    _validate_head(s.head, m)
   if s.onpolicy is not None:
     o2 = s.onpolicy
     require(o2.divergence in ONPOLICY_DIVERGENCES, 'onpolicy.divergence',
@@ -242,6 +226,26 @@ def _validate(s: FinetuneSpec):
     if path and (path.startswith(('.', '/', '~')) or path.count('/') > 1):
       require(os.path.isfile(os.path.join(os.path.expanduser(path), 'config.json')), field,
                'a checkpoint directory with config.json (or a hub id)', path)
+
+
+def _validate_head(h: HeadSpec, m) -> None:
+  """config.head's fields (and model.init_from, the target the head reads)."""
+  for field in ('d_model', 'num_heads', 'd_kv', 'd_ff', 'unroll'):
+    require(getattr(h, field) > 0, f'head.{field}', '> 0', getattr(h, field))
+  for field in ('feature_weight', 'distribution_weight', 'feature_noise'):
+    require(getattr(h, field) >= 0, f'head.{field}', '>= 0', getattr(h, field))
+  require(0 < h.unroll_decay <= 1, 'head.unroll_decay', 'in (0, 1]', h.unroll_decay)
+  require(len(set(h.feature_taps)) == len(h.feature_taps) and min(h.feature_taps, default=0)
+          >= 0, 'head.feature_taps', 'distinct decoder layer indices >= 0', h.feature_taps)
+  require(bool(m.init_from), 'model.init_from', 'the target the head reads (a checkpoint)',
+          m.init_from)
+  require(h.parallel_depth >= 0, 'head.parallel_depth', '>= 0', h.parallel_depth)
+  require(h.parallel_ff > 0, 'head.parallel_ff', '> 0', h.parallel_ff)
+  if h.freeze_trunk:
+    require(bool(h.init_from) and h.parallel_depth > 0, 'head.freeze_trunk',
+            'set only with head.init_from and head.parallel_depth > 0', h.freeze_trunk)
+  if h.init_from:
+    _check_head_start(h)
 
 
 def _check_head_start(h: HeadSpec):
