@@ -210,6 +210,9 @@ def test_runner_parallel_option(tmp_path):
   built = drafts.build(None, d + ':parallel=1', target, None, 'task')
   assert isinstance(built, FeatureHeadDraft) and built.parallel
   assert not drafts.build(None, d, target, None, 'task').parallel
+  from specjax.runner import report  # pylint: disable=import-outside-toplevel
+  assert report.describe(d + ':parallel=1').endswith('M, parallel')
+  assert not report.describe(d).endswith('parallel')
   with pytest.raises(ValueError, match='parallel=.2. .*1 or left out'):
     drafts.head_spec(d + ':parallel=2')
   for name, gammas, trees, match in (

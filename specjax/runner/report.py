@@ -122,7 +122,8 @@ def describe(model: str) -> str:
     vd = min(options.get('vocab', config.vocab_size), config.vocab_size)
     n = head_lib.param_count(config) - config.d_model * (config.vocab_size - vd)
     kept = f', {vd} of {config.vocab_size} ids' if vd < config.vocab_size else ''
-    return f'feature head {n / 1e6:.1f}M{kept}'
+    mode = ', parallel' if options.get('parallel') else ''
+    return f'feature head {n / 1e6:.1f}M{kept}{mode}'
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return model
   from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel
