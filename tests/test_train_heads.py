@@ -140,6 +140,14 @@ def test_parallel_blocks_train_and_decode_exactly(pair, tmp_path):
   assert float(jnp.max(jnp.abs(second['par_out']))) > 0
   vocab = lambda d: (Path(d) / head_lib.VOCAB_NAME).read_text()  # noqa: E731
   assert vocab(res['export_dir']) == vocab(first_dir)  # the frozen trunk keeps its ranking
+  # bible_head_continue.py: every parameter trains on from init_from (here two small steps).
+  cont = finetune.train(_config('bible_head_continue', 'smoke', tmp_path / 'c', steps=2,
+                                **common, **{'head.init_from': first_dir,
+                                             'optim.warmup_steps': 1}))
+  third, config = head_lib.load_head(cont['export_dir'])
+  assert config.parallel_depth == 0 and 'par_in' not in third
+  moved = float(jnp.max(jnp.abs(third['in_proj'] - first['in_proj'])))
+  assert 0 < moved < 0.1 * float(jnp.max(jnp.abs(first['in_proj'])))
   target = specjax.load_t5(target_dir)
   ids = np.array([[5, 9, 22, 7, 1], [8, 3, 1, 0, 0]], np.int32)
   base = specjax.autoregressive_decode(target, ids, max_new_tokens=8)
