@@ -138,7 +138,7 @@ def init_head_params(config: HeadConfig, key, dtype=jnp.float32) -> Params:
 
 def parallel_params(config: HeadConfig, normal, dtype) -> Params:
   """The parallel mode's P residual blocks; par_out starts at zero, so every depth starts out
-  predicting what depth 1 predicts. None for a head without them (P = 0)."""
+  predicting what depth 1 predicts. Empty for a head without them (P = 0)."""
   p, d, f = config.parallel_depth, config.d_model, config.parallel_ff
   if not p:
     return {}
