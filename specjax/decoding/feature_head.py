@@ -287,16 +287,19 @@ class FeatureHeadDraft:
     z_BxD, cache = self.window_state(state, seq_BxN, lengths_B, gamma)
     draw = protocol.noise_draw(keys_B, gamma, sampling)
     if self.config.parallel_tokens:  # draft k feeds the state of draft k + 1
-      s_BxD, tokens, logits = z_BxD, [], []
+      s_BxD, tokens, logits, qs, views = z_BxD, [], [], [], []
       for k in range(gamma):
         if k:
           s_BxD = head_lib.parallel_step(self.params, self.config, s_BxD, z_BxD, k - 1,
                                          self.target_embed_VxDf[tokens[-1]])
         logits.append(self.full_vocab(
             head_lib.outputs(self.params, self.config, s_BxD[:, None], self.packed)[1][:, 0]))
-        tokens.append(draw(k, protocol.views(logits[-1], sampling)[0]))
+        q_BxV, view_BxV = protocol.views(logits[-1], sampling)  # each step's q, made once
+        qs.append(q_BxV)
+        views.append(view_BxV)
+        tokens.append(draw(k, q_BxV))
       logits_BxGxV, tokens_BxG = jnp.stack(logits, 1), jnp.stack(tokens, 1)
-      q_BxGxV, view_BxGxV = protocol.views(logits_BxGxV, sampling)
+      q_BxGxV, view_BxGxV = jnp.stack(qs, 1), jnp.stack(views, 1)
     else:
       states_BxGxD = head_lib.parallel_states(self.params, self.config, z_BxD, gamma)
       logits_BxGxV = self.full_vocab(
