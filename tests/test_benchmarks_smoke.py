@@ -15,6 +15,7 @@ import os
 import sys
 from pathlib import Path
 
+import jax
 import pytest
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / 'experiments'
@@ -71,6 +72,27 @@ def test_bench_variant(tmp_path, capsys):
   for r in saved['rows']:
     assert r['ar_ms'] > 0 and r['spec_ms'] > 0 and r['speedup'] > 0, r
   assert saved['rows'][0]['ar_vs_built'] == 1.0 and '-DSPECJAX_PANEL=32' in printed
+
+
+def test_bench_variant_small_ops(tmp_path, capsys):
+  """The same kernels with XLA's gather and argmax around them (the baseline of the row-lookup
+  and argmax kernels), speculating with the small T5 draft: the same tokens at T = 0, and the
+  variant's programs do keep XLA's argmax (its HLO has no argmax kernel call)."""
+  from specjax.models import cpu_kernels
+  if not cpu_kernels.available():
+    pytest.skip(f'CPU kernel unavailable: {cpu_kernels.status()}')
+  _, saved, printed = _run('bench_variant', tmp_path, capsys, '--variant=xla_small_ops',
+                           '--draft=draft')
+  assert saved['same_tokens'] is True and saved['rows'][1]['flags'] == 'xla_small_ops'
+  assert 'variant: xla_small_ops' in printed and '(draft)' in printed
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from specjax import ops  # pylint: disable=import-outside-toplevel
+  x = jnp.ones((2, 7))
+  assert cpu_kernels.ARGMAX in jax.jit(ops.argmax).lower(x).as_text()
+  with cpu_kernels.xla_small_ops():
+    assert not cpu_kernels.small_ops('argmax')
+    assert cpu_kernels.ARGMAX not in jax.jit(lambda y: ops.argmax(y)).lower(x).as_text()
+  assert cpu_kernels.small_ops('argmax')
 
 
 def test_bench_products(tmp_path, capsys):

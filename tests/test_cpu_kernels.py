@@ -7,7 +7,8 @@ compute (float64 references, float32 tolerances); every output row is the same w
 number of rows computed with it (bitwise); a packed model decodes like the same model on XLA's
 dots (logits close, greedy tokens identical to plain greedy decoding), also when its weights are
 quantized (then both paths compute the quantized target); the AVX2 build agrees with the
-reference too; without the kernel everything runs on XLA with a one-line notice.
+reference too; the argmax and row-lookup kernels return exactly what jnp.argmax and jnp indexing
+return; without the kernel everything runs on XLA with a one-line notice.
 """
 
 import os
@@ -343,6 +344,10 @@ def test_avx2_build_matches_reference(tmp_path):
       bias = jnp.zeros((2, 4, 3, 19)).at[..., 15:].set(t5.NEG_INF)
       ref = t5.attend(q.transpose(0, 2, 1, 3), k, v, bias)
       assert float(jnp.max(jnp.abs(cpu_kernels.attention(q, k, v, bias) - ref))) < 1e-5
+      x = rng.normal(size=(5, 4001)).astype(np.float32)
+      x[1, [9, 4000]] = np.nan; x[2, 4000] = np.nan; x[3, [7, 300]] = 99.0; x[4] = -np.inf
+      assert (np.asarray(cpu_kernels.argmax(jnp.asarray(x))) == [int(np.argmax(x[0])), 9, 4000,
+                                                                7, 0]).all()
       print('ok', cpu_kernels.build().name)
       ''', SPECJAX_CPU_KERNEL_CFLAGS='-march=x86-64-v3', XDG_CACHE_HOME=str(tmp_path),
       JAX_PLATFORMS='cpu')
@@ -397,3 +402,64 @@ def test_sample_cdf_kernel_draws_what_the_cumulative_sum_says():
   np.testing.assert_array_equal(slow, ref)
   assert 4 not in set(fast.tolist())
   assert fast[3] == 8 and fast[5] <= 5
+
+
+# ----------------------------------------------------------------------------- rows and argmax
+
+
+def _argmax_cases():
+  """Rows that probe jnp.argmax's rules: ties (first index), -0.0 against 0.0, all -inf, NaN
+  (the first NaN wins, also when it sits in the scalar tail past the vector lanes), V not a
+  multiple of any vector width."""
+  rng = np.random.default_rng(3)
+  x = rng.normal(size=(9, 4001)).astype(np.float32)
+  x[0, [5, 900, 4000]] = 9.0
+  x[1] = 0.0
+  x[1, 2] = -0.0
+  x[1, 0] = -1.0
+  x[2] = -np.inf
+  x[3, [17, 3000]] = np.nan
+  x[4, 4000] = np.nan
+  x[5, :3] = (np.inf, np.inf, np.nan)
+  x[6, 3999] = 50.0
+  return x
+
+
+def test_argmax_kernel_is_jnp_argmax():
+  from specjax import ops  # pylint: disable=import-outside-toplevel
+  x = _argmax_cases()
+  want = np.asarray(jnp.argmax(jnp.asarray(x), axis=-1))
+  np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.argmax)(jnp.asarray(x))), want)
+  np.testing.assert_array_equal(want[:6], [5, 1, 0, 17, 4000, 2])
+  # ops.argmax takes the kernel on the CPU, XLA's two reductions elsewhere: both agree.
+  np.testing.assert_array_equal(np.asarray(jax.jit(ops.argmax)(jnp.asarray(x))), want)
+  # (XLA:CPU's max reduction need not propagate a NaN, so the fallback is held to NaN-free rows.)
+  clean = ~np.isnan(x).any(-1)
+  fallback = ops._argmax  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.asarray(fallback(jnp.asarray(x[clean]))), want[clean])
+  # Leading axes, vmap, bf16 inputs and a short last axis.
+  x3 = jnp.asarray(x[:8].reshape(2, 4, 4001))
+  np.testing.assert_array_equal(np.asarray(jax.vmap(cpu_kernels.argmax)(x3)),
+                                want[:8].reshape(2, 4))
+  xb = jnp.asarray(x[6:8, :7]).astype(jnp.bfloat16)
+  np.testing.assert_array_equal(np.asarray(ops.argmax(xb)), np.asarray(jnp.argmax(xb, -1)))
+
+
+def test_take_rows_kernel_is_jnp_indexing():
+  rng = np.random.default_rng(4)
+  table = jnp.asarray(rng.normal(size=(50, 37)), jnp.float32)
+  ids = jnp.asarray([[0, 3, -1, 49], [60, -70, 7, 7]], jnp.int32)  # wrap, clamp, repeats
+  for t in (table, table.astype(jnp.bfloat16)):
+    np.testing.assert_array_equal(np.asarray(jax.jit(cpu_kernels.take_rows)(t, ids)),
+                                  np.asarray(t[ids]))
+  np.testing.assert_array_equal(
+      np.asarray(jax.vmap(cpu_kernels.take_rows, (None, 0))(table, ids)), np.asarray(table[ids]))
+  loss = lambda f: lambda t: jnp.sum(f(t) ** 2 * jnp.arange(37.0))  # noqa: E731
+  np.testing.assert_allclose(jax.grad(loss(lambda t: cpu_kernels.take_rows(t, ids)))(table),
+                             jax.grad(loss(lambda t: t[ids]))(table), rtol=1e-6)
+  # t5.embed takes the kernel for a block of rows on the packed path only.
+  fake_packed = {}
+  np.testing.assert_array_equal(np.asarray(t5.embed(table, ids, fake_packed)),
+                                np.asarray(table[ids]))
+  np.testing.assert_array_equal(np.asarray(t5.embed(table, ids[:1, :1], fake_packed)),
+                                np.asarray(table[ids[:1, :1]]))

@@ -262,10 +262,11 @@ class FeatureHeadDraft:
 
     def advance(carry, x_B, k):
       cache, feat_BxDf, nan = carry
-      feat_Bx1xDf, logits_Bx1xV, cache = self._block(state, cache, x_B[:, None],
-                                                     feat_BxDf[:, None], lengths_B + 1 + k)
-      return ((cache, feat_Bx1xDf[:, 0], nan | jnp.isnan(logits_Bx1xV).any()),
-              *protocol.views(logits_Bx1xV[:, 0], sampling))
+      feat_Bx1xDf, logits_Bx1xVd, cache = self._block_d(state, cache, x_B[:, None],
+                                                        feat_BxDf[:, None], lengths_B + 1 + k)
+      # NaN is looked for over the V_d drafted ids: full_vocab adds only -inf.
+      return ((cache, feat_Bx1xDf[:, 0], nan | jnp.isnan(logits_Bx1xVd).any()),
+              *protocol.views(self.full_vocab(logits_Bx1xVd[:, 0]), sampling))
 
     draw = protocol.noise_draw(keys_B, gamma, sampling)
     q_BxV, view_BxV = protocol.views(logits_BxV, sampling)

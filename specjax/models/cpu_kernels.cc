@@ -35,10 +35,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -75,6 +77,13 @@ inline Vec vzero_below(Vec y, Vec x, float lo) {  // y where x >= lo, else 0
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(lo), _CMP_GE_OQ), y);
 }
 inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vor_unordered(Vec acc, Vec e) {  // acc, all bits set in the lanes where e is NaN
+  return _mm512_mask_mov_ps(acc, _mm512_cmp_ps_mask(e, e, _CMP_UNORD_Q),
+                            _mm512_castsi512_ps(_mm512_set1_epi32(-1)));
+}
+inline bool vany(Vec a) {  // any bit set
+  return _mm512_test_epi32_mask(_mm512_castps_si512(a), _mm512_castps_si512(a)) != 0;
+}
 inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vload_bf16(const uint16_t* p) {
   __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
@@ -117,6 +126,10 @@ inline Vec vzero_below(Vec y, Vec x, float lo) {
   return _mm256_and_ps(y, _mm256_cmp_ps(x, _mm256_set1_ps(lo), _CMP_GE_OQ));
 }
 inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec vor_unordered(Vec acc, Vec e) {
+  return _mm256_or_ps(acc, _mm256_cmp_ps(e, e, _CMP_UNORD_Q));
+}
+inline bool vany(Vec a) { return _mm256_movemask_ps(a) != 0; }  // a lane's sign bit set
 inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vload_bf16(const uint16_t* p) {
   __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
@@ -639,6 +652,78 @@ ffi::Error sample_cdf(ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> u,
   return ffi::Error::Success();
 }
 
+// ----------------------------------------------------------------------------- rows and argmax
+//
+// Two small operations of every decode step that XLA:CPU makes dear next to the kernels above:
+// an embedding lookup of a few token rows is a gather that XLA splits over its own thread pool,
+// whose threads wake (tens of microseconds) while the kernels' workers hold the cores; an argmax
+// over V is two reductions that XLA rewrites into three thunks each. One call on the caller's
+// thread does either in a microsecond or two.
+
+// out[i, :] = table[id, :] for each id of `ids`, with jnp's indexing rule: a negative id counts
+// from the end, then ids are clamped to [0, V). Any element type (rows are copied as bytes).
+ffi::Error take_rows(ffi::AnyBuffer table, ffi::Buffer<ffi::S32> ids,
+                     ffi::Result<ffi::AnyBuffer> out) {
+  const auto td = table.dimensions();
+  if (td.size() != 2 || td[0] < 1 || out->element_type() != table.element_type())
+    return ffi::Error::InvalidArgument("take_rows: expected a table [V, D] and out of its type");
+  const int64_t v = td[0], n = static_cast<int64_t>(ids.element_count());
+  const size_t row_bytes = table.size_bytes() / static_cast<size_t>(v);
+  if (out->size_bytes() != row_bytes * static_cast<size_t>(n))
+    return ffi::Error::InvalidArgument("take_rows: out must hold one table row per id");
+  const char* src = static_cast<const char*>(table.untyped_data());
+  char* dst = static_cast<char*>(out->untyped_data());
+  const int32_t* is = ids.typed_data();
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t r = is[i];
+    if (r < 0) r += v;
+    r = std::clamp<int64_t>(r, 0, v - 1);
+    std::memcpy(dst + i * row_bytes, src + r * row_bytes, row_bytes);
+  }
+  return ffi::Error::Success();
+}
+
+// out[r] = the first index of the maximum of row r of x [..., V], or of its first NaN (as
+// jnp.argmax). A vector pass finds the maximum and whether any NaN occurs; a scalar pass the
+// first index that holds it (x == max also matches -0.0 against 0.0, as jnp's comparison does).
+ffi::Error argmax_rows(ffi::Buffer<ffi::F32> x, ffi::ResultBuffer<ffi::S32> out) {
+  const auto xd = x.dimensions();
+  if (xd.size() < 1 || xd[xd.size() - 1] < 1)
+    return ffi::Error::InvalidArgument("argmax_rows: x needs a non-empty last axis");
+  const int64_t v = xd[xd.size() - 1];
+  const int64_t rows = static_cast<int64_t>(x.element_count()) / v;
+  if (static_cast<int64_t>(out->element_count()) != rows)
+    return ffi::Error::InvalidArgument("argmax_rows: one index per row");
+  const float* xs = x.typed_data();
+  int32_t* os = out->typed_data();
+  const int64_t vv = v - v % kLanes;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = xs + r * v;
+    Vec mv = vbroadcast(-std::numeric_limits<float>::infinity());
+    Vec nan = vzero();
+    for (int64_t t = 0; t < vv; t += kLanes) {
+      const Vec e = vload(row + t);
+      mv = vmax(mv, e);
+      nan = vor_unordered(nan, e);
+    }
+    float m = hmax(mv);
+    bool any_nan = vany(nan);
+    for (int64_t t = vv; t < v; ++t) {
+      any_nan = any_nan || std::isnan(row[t]);
+      m = std::max(m, row[t]);
+    }
+    int64_t pick = 0;
+    for (int64_t t = 0; t < v; ++t) {
+      if (any_nan ? std::isnan(row[t]) : row[t] == m) {
+        pick = t;
+        break;
+      }
+    }
+    os[r] = static_cast<int32_t>(pick);
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 
@@ -668,6 +753,17 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxAttention, attention,
 XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxSampleCdf, sample_cdf,
                               ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::S32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxTakeRows, take_rows,
+                              ffi::Ffi::Bind()
+                                  .Arg<ffi::AnyBuffer>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Ret<ffi::AnyBuffer>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(SpecjaxArgmax, argmax_rows,
+                              ffi::Ffi::Bind()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::S32>>());
 

@@ -1,5 +1,6 @@
 """CPU kernels of the decode step (cpu_kernels.cc): a small-M matmul over packed weights,
-attention of a few query rows against a cache, and the inverse-CDF draw of a token.
+attention of a few query rows against a cache, the inverse-CDF draw of a token, the lookup of a
+few embedding rows and the argmax over the vocabulary.
 
 Shape legend: M rows (batch x tokens fed), K input features, N output features, P panels of
 panel_width() output columns; B batch, Q query rows, H heads, T keys, Dk head width.
@@ -40,12 +41,16 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from specjax import ops
+
 MAX_ROWS = 512     # larger M (long prefill, teacher forcing) uses XLA's GEMM; measured
                    # ahead of it up to 512 rows (457 against 408 GFLOP/s on 2 AVX-512 cores)
 TARGET = 'specjax_packed_matmul'
 TARGET_ROWS = 'specjax_packed_matmul_rows'
 ATTENTION = 'specjax_attention'
 SAMPLE = 'specjax_sample_cdf'
+TAKE = 'specjax_take_rows'
+ARGMAX = 'specjax_argmax'
 ENV = 'SPECJAX_CPU_KERNEL'
 CFLAGS_ENV = 'SPECJAX_CPU_KERNEL_CFLAGS'
 WEIGHTS = ('float32', 'bfloat16', 'int8')
@@ -204,6 +209,73 @@ def sample_cdf(u_x, weights_xV):
   return call(weights_xV.astype(jnp.float32), u_x.astype(jnp.float32))
 
 
+SMALL_OPS = ('take_rows', 'argmax')
+_XLA_OPS: set[str] = set()
+
+
+def small_ops(name: str) -> bool:
+  """Whether the kernel `name` (of SMALL_OPS) stands in for XLA's operations on the decode path:
+  the kernels built, and not inside `xla_small_ops` naming it."""
+  return name not in _XLA_OPS and available()
+
+
+@contextlib.contextmanager
+def xla_small_ops(*names: str):
+  """Inside the block, programs traced keep XLA's operations instead of the kernels `names` (all
+  of SMALL_OPS by default): 'take_rows' (t5.embed's gather), 'argmax' (ops.argmax). The
+  baseline of experiments/bench_variant.py --variant=xla_small_ops, side by side in one
+  process."""
+  names = names or SMALL_OPS
+  unknown = set(names) - set(SMALL_OPS)
+  if unknown:
+    raise ValueError(f'xla_small_ops: unknown {sorted(unknown)}; known: {SMALL_OPS}')
+  saved = set(_XLA_OPS)
+  _XLA_OPS.update(names)
+  try:
+    yield
+  finally:
+    _XLA_OPS.clear()
+    _XLA_OPS.update(saved)
+
+
+def take_rows(table_VxD, ids):
+  """table[ids] ([*ids.shape, D], the table's dtype) for a few ids, as jnp indexing does it (a
+  negative id counts from the end, the rest clamp to [0, V)): one copy per row on the calling
+  thread. XLA:CPU splits a gather of a few hundred elements or more over its own thread pool,
+  whose threads wake slowly while the kernels' workers hold the cores (+20 us for 6 rows of 512
+  after a kernel call, measured). Differentiable (the tangent is XLA's gather)."""
+  return _take(table_VxD, jnp.asarray(ids, jnp.int32))
+
+
+@jax.custom_jvp
+def _take(table_VxD, ids):
+  call = jax.ffi.ffi_call(TAKE, jax.ShapeDtypeStruct(ids.shape + table_VxD.shape[1:],
+                                                     table_VxD.dtype),
+                          vmap_method='sequential')
+  return call(table_VxD, ids)
+
+
+@_take.defjvp
+def _take_jvp(primals, tangents):
+  table, ids = primals
+  return _take(table, ids), tangents[0][ids]
+
+
+def _argmax_kernel():
+  return argmax if small_ops('argmax') else None
+
+
+ops.ARGMAX_KERNEL[:] = [_argmax_kernel]  # ops.argmax asks at trace time
+
+
+def argmax(x_xV):
+  """The first index of the maximum over the last axis (of the first NaN if any, as jnp.argmax),
+  int32 [...], for float32 x: one pass per row instead of XLA:CPU's two tree reductions."""
+  call = jax.ffi.ffi_call(ARGMAX, jax.ShapeDtypeStruct(x_xV.shape[:-1], jnp.int32),
+                          vmap_method='broadcast_all')
+  return call(x_xV.astype(jnp.float32))
+
+
 # ----------------------------------------------------------------------------- build and load
 
 
@@ -282,6 +354,8 @@ def _load() -> str | None:
                                   platform='cpu')
       jax.ffi.register_ffi_target(SAMPLE, jax.ffi.pycapsule(lib.SpecjaxSampleCdf),
                                   platform='cpu')
+      jax.ffi.register_ffi_target(TAKE, jax.ffi.pycapsule(lib.SpecjaxTakeRows), platform='cpu')
+      jax.ffi.register_ffi_target(ARGMAX, jax.ffi.pycapsule(lib.SpecjaxArgmax), platform='cpu')
       lib.SpecjaxPanelWidth.restype = ctypes.c_int64
       _PANEL[0] = int(lib.SpecjaxPanelWidth())
     except (OSError, RuntimeError, AttributeError) as e:

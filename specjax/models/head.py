@@ -215,7 +215,7 @@ def block_state(params: Params, config: HeadConfig, cache: HeadCache, target_emb
   b, k = tokens_BxK.shape
   t = cache.max_len
   dtype = params['in_proj'].dtype
-  emb_BxKxDf = target_embed_VxDf[tokens_BxK].astype(dtype)
+  emb_BxKxDf = t5.embed(target_embed_VxDf, tokens_BxK, fast).astype(dtype)
   feats = fused_input(features_BxKxDf.astype(dtype), config)
   x = t5.dense(jnp.concatenate([feats, emb_BxKxDf], -1), params, fast, 'in_proj')
   lengths_B = lengths_B.astype(jnp.int32)

@@ -243,6 +243,16 @@ def dense(x_xI, layer: Params, fast: Params | None, name: str, rows_B=None):
   return x_xI @ layer[name]
 
 
+def embed(table_VxD, ids, packed):
+  """table[ids]: on the CPU kernels' path (`packed` weights) and for a block of 2 .. MAX_ROWS
+  rows one copy per row (cpu_kernels.take_rows), where XLA splits its gather over its thread pool
+  (a one-row gather it runs inline)."""
+  if (packed is not None and 1 < ids.size <= cpu_kernels.MAX_ROWS
+      and cpu_kernels.small_ops('take_rows')):
+    return cpu_kernels.take_rows(table_VxD, ids)
+  return table_VxD[ids]
+
+
 def kernel_rows(x) -> int:
   """The token rows a product of x makes (all leading dims): the kernels take up to MAX_ROWS."""
   return math.prod(x.shape[:-1])
@@ -281,7 +291,7 @@ def encode(params: Params, config: T5Config, input_ids_BxS, dropout: Dropout | N
   `packed` (`pack_model`): the same weights in the CPU kernels' layout."""
   enc = params['encoder']
   mask_BxS = input_ids_BxS != config.pad_token_id
-  x = _drop(dropout, params['shared'][input_ids_BxS], 0)
+  x = _drop(dropout, embed(params['shared'], input_ids_BxS, packed), 0)
   b, s = input_ids_BxS.shape
   pos_BxS = jnp.broadcast_to(jnp.arange(s, dtype=jnp.int32), (b, s))
   bias = position_bias(enc['rel_bias'], pos_BxS, pos_BxS, bidirectional=True, config=config)
@@ -391,7 +401,7 @@ def _decoder_stack(params: Params, config: T5Config, cache: DecoderCache, tokens
   tapped = {}
   dec = params['decoder']
   cross_bias = jnp.where(cache.enc_mask[:, None, None, :], 0.0, NEG_INF).astype(jnp.float32)
-  x = _drop(dropout, params['shared'][tokens_BxK], 1000)
+  x = _drop(dropout, embed(params['shared'], tokens_BxK, packed), 1000)
   new_k, new_v = [], []
   eps = config.layer_norm_epsilon
   for i, layer in enumerate(dec['layers']):
