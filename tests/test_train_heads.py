@@ -227,3 +227,17 @@ def test_paper_head_config_validates_offline():
   assert spec.head.d_model == 1024 and spec.data.task == 'ende'
   with pytest.raises(ValueError, match='task'):
     importlib.import_module('configs.finetune.head_t5xxl').get_config('task=xsum')
+
+
+def test_stage_configs_chain_from_the_shipped_head():
+  """The shipped head's stages 2 and 3 start from the head in the assets and keep its recipe;
+  stage 3 differs by its data (every training verse's target translation) alone."""
+  cont = importlib.import_module('configs.finetune.bible_head_continue').get_config()
+  alldata = importlib.import_module('configs.finetune.bible_head_alldata').get_config()
+  for c in (cont, alldata):
+    assert c.head.init_from == 'specjax/assets/tiny_pair/head' and not c.head.freeze_trunk
+    assert c.export_dir.startswith('runs/') and c.steps == 2000
+  assert cont.data.train_examples == 16000 and alldata.data.train_examples == 0
+  assert alldata.head.to_dict() == cont.head.to_dict() and alldata.optim == cont.optim
+  smoke = importlib.import_module('configs.finetune.bible_head_alldata').get_config('smoke')
+  assert smoke.export_dir == '' and smoke.head.init_from == ''

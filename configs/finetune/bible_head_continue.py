@@ -9,8 +9,9 @@ Stage 1 ends on a cosine schedule at dev alpha 0.750 and was still rising (0.65 
 parameter trains) with the same data and losses and a fresh cosine schedule from a third of the
 stage-1 peak learning rate (3e-3, 50 warm-up steps): dev alpha 0.749 / 0.754 / 0.758 / 0.761 /
 0.762 at 400 / 800 / 1200 / 1600 / 2000 steps, 29 minutes on 2 cores. Its export replaces the
-shipped head's weights; vocab.json stays the shipped one (the training verses' reference ids by
-frequency, which configs/tiny.py's vocab=2582 cuts). Measured figures: docs/tiny_pair.md.
+head's weights in the assets, where stage 3 (bible_head_alldata.py) starts from; vocab.json stays
+the shipped one (the training verses' reference ids by frequency, which configs/tiny.py's
+vocab=2582 cuts). Measured figures: docs/tiny_pair.md.
 """
 
 from configs.finetune import bible_head, common
