@@ -4,7 +4,8 @@
 over a [K, V] block of logits it cost ~54 us at K = 6, V = 4000 (the target's whole 1-token
 step is ~700 us) and ~1 ms at 64 rows. `argmax` below is two plain reductions (a max, then the
 smallest index holding it), which vectorise: ~10 us for the same block. Same result, including
-the first index on ties and the first NaN when a row holds one. Where the CPU kernels are built,
+the first index on ties; the first NaN of a row only where the max reduction propagates NaN
+(XLA:CPU's need not; the kernel below always returns it). Where the CPU kernels are built,
 a float argmax over the last axis on the CPU is one kernel call (cpu_kernels.argmax): XLA:CPU
 rewrites each of those two reductions into three thunks, ~10 us per draft token on the decode path.
 """
@@ -16,7 +17,8 @@ import jax.numpy as jnp
 
 
 def argmax(x, axis: int = -1):
-  """jnp.argmax(x, axis) as int32 (first index of the maximum; first NaN wins, as jnp's)."""
+  """jnp.argmax(x, axis) as int32 (first index of the maximum; first NaN wins, as jnp's, on the
+  kernel; see the module docstring for the fallback)."""
   axis = axis % x.ndim
   if (ARGMAX_KERNEL and axis == x.ndim - 1 and jnp.issubdtype(x.dtype, jnp.floating)
       and x.shape[-1] > 0):
