@@ -1,6 +1,7 @@
 """What drafting one block costs, per draft and gamma, in the target's 1-token steps.
 
   python experiments/draft_cost.py [--drafts='draft;head:vocab=2582;head:vocab=2582,parallel=1']
+  python experiments/draft_cost.py --xla_small_ops  # also each block with XLA's gather/argmax
   python experiments/draft_cost.py --smoke          # seconds: the random smoke pair (tests)
 
 For every draft (a T5 checkpoint or a feature-head directory with its options; bare names are
@@ -10,6 +11,8 @@ against the target's 1-token step, interleaved (metrics.measure_proposal_cost; b
 first test verse, cache --cache_len), beside c (one 1-token draft pass, metrics.measure_c) and
 gamma * c, the block's price in the paper's cost model. A sequential head pays a window pass and
 gamma - 1 one-token passes; a parallel head (':parallel=1') one window pass for the block.
+`--xla_small_ops` measures each block a second time traced inside `cpu_kernels.xla_small_ops()`
+(XLA's gather and argmax instead of the row-lookup and argmax kernels), right after the first.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ def parse_args(argv=None):
   p.add_argument('--cache_len', type=int, default=48)
   p.add_argument('--repeats', type=int, default=15)
   p.add_argument('--rounds', type=int, default=3)
+  p.add_argument('--xla_small_ops', action='store_true',
+                 help="also each block with XLA's gather and argmax (cpu_kernels.xla_small_ops)")
   args = bc.parse_bench_args(p, argv, smoke_help='the random smoke pair and heads, 2 repeats')
   if args.smoke:
     args.repeats, args.rounds, args.gammas = 2, 1, '2'
@@ -69,6 +74,7 @@ def main(argv=None) -> dict:
   gate = bc.load_gate(args)
   import tempfile  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
+  from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
   from specjax.runner import metrics  # pylint: disable=import-outside-toplevel
   info = bc.print_machine()
   pair = 'smoke' if args.smoke else 'tiny'
@@ -91,10 +97,17 @@ def main(argv=None) -> dict:
                                              repeats=args.repeats, rounds=args.rounds)
         rows.append({'draft': name, 'gamma': gamma, 'c': c, 'gamma_c': gamma * c,
                      'block': cost})
+        if args.xla_small_ops:
+          with cpu_kernels.xla_small_ops():
+            rows[-1]['block_xla'] = metrics.measure_proposal_cost(
+                target, draft, batch, args.cache_len, gamma, repeats=args.repeats,
+                rounds=args.rounds)
         print(rows[-1], flush=True)
   print(f'\n{bp.description}: batch 1, cache {args.cache_len}; costs in 1-token target steps, '
         f'medians of {args.rounds} rounds of {args.repeats} interleaved repeats')
-  print(bc.markdown_table(rows, COLUMNS))
+  columns = COLUMNS + ([('block_xla', "block, XLA's gather/argmax", '.3f')]
+                       if args.xla_small_ops else [])
+  print(bc.markdown_table(rows, columns))
   result = {'machine': info, 'args': vars(args), 'rows': rows}
   bc.finish_load(gate, result, args.out)
   return result

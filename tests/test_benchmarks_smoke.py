@@ -95,6 +95,19 @@ def test_bench_variant_small_ops(tmp_path, capsys):
   assert cpu_kernels.small_ops('argmax')
 
 
+def test_draft_cost(tmp_path, capsys):
+  """A draft's whole proposal per block against c, for a sequential and a parallel smoke head,
+  and (--xla_small_ops) each block again with XLA's gather and argmax."""
+  from specjax.models import cpu_kernels
+  extra = ['--xla_small_ops'] if cpu_kernels.available() else []
+  _, saved, printed = _run('draft_cost', tmp_path, capsys, *extra)
+  assert [r['draft'] for r in saved['rows']] == ['head', 'head:parallel=1']
+  for r in saved['rows']:
+    assert r['c'] > 0 and r['block'] > 0 and r['gamma_c'] == pytest.approx(r['gamma'] * r['c'])
+    assert (r.get('block_xla', 0) > 0) == bool(extra), r
+  assert ("XLA's gather/argmax" in printed) == bool(extra)
+
+
 def test_bench_products(tmp_path, capsys):
   """Products alone with the built kernels and a variant build (the former AVX2 tile): bitwise
   the same products (checked by the script), both builds timed, costs relative to M = 1."""

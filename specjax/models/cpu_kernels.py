@@ -241,7 +241,7 @@ def xla_small_ops(*names: str):
 def take_rows(table_VxD, ids):
   """table[ids] ([*ids.shape, D], the table's dtype) for a few ids, as jnp indexing does it (a
   negative id counts from the end, the rest clamp to [0, V)): one copy per row on the calling
-  thread. XLA:CPU splits a gather of a few hundred elements or more over its own thread pool,
+  thread. XLA:CPU splits a gather of a few thousand elements over its own thread pool,
   whose threads wake slowly while the kernels' workers hold the cores (+20 us for 6 rows of 512
   after a kernel call, measured). Differentiable (the tangent is XLA's gather)."""
   return _take(table_VxD, jnp.asarray(ids, jnp.int32))
