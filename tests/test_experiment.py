@@ -1,10 +1,12 @@
 """The experiment runner end to end on a tiny random pair: table, files, plots, resume after a kill."""
 
+import dataclasses
 import json
 import os
 import statistics
 import sys
 
+import numpy as np
 import pytest
 
 from specjax import testing
@@ -71,6 +73,9 @@ def test_sweep_writes_results_and_resumes_after_a_kill(pair_dir, tmp_path, monke
   assert {r['gamma'] for r in rows} == {2, 3}
   for r in rows:
     assert r['identical_to_baseline']  # greedy: speculative == autoregressive, token for token
+    # the same outputs: the per-token speedup is the time ratio
+    assert r['baseline_generated_tokens'] == r['generated_tokens'] and r['length_ratio'] == 1.0
+    assert r['speedup'] == pytest.approx(r['time_ratio'])
     assert 0.0 <= r['alpha'] <= 1.0 and r['speedup'] > 0 and r['c'] > 0
     assert r['examples'] == 3
     assert r['tokens_per_target_call'] >= 1.0
@@ -84,6 +89,26 @@ def test_sweep_writes_results_and_resumes_after_a_kill(pair_dir, tmp_path, monke
   # A third run has nothing to do and loads no model.
   monkeypatch.setattr(experiment, 'run_cell', lambda *a, **k: pytest.fail('recomputed a cell'))
   experiment.run(spec)
+
+
+def test_sampled_cell_speedup_is_per_generated_token(pair_dir, tmp_path, monkeypatch):
+  # At T > 0 the two decodes sample outputs of different lengths: the speedup is the time ratio
+  # times the length ratio (tokens per second). The tiny random pair never stops early, so the
+  # speculative decode is made to report one token fewer in its first row.
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+  real = loop.speculative_decode
+
+  def shorter(*args, **kwargs):
+    out = real(*args, **kwargs)
+    lengths = np.array(out.lengths)
+    lengths[0] -= 1
+    return dataclasses.replace(out, lengths=lengths)
+
+  monkeypatch.setattr(loop, 'speculative_decode', shorter)
+  r = experiment.run(_spec(pair_dir, tmp_path, gammas=(2,), temperatures=(1.0,), plots=False))[0]
+  assert r['baseline_generated_tokens'] == 3 * 8 and r['generated_tokens'] == 3 * 8 - 2
+  assert r['length_ratio'] == pytest.approx(22 / 24)
+  assert r['speedup'] == pytest.approx(r['time_ratio'] * 22 / 24)
 
 
 def test_padding_rows_do_not_enter_statistics(pair_dir, tmp_path):

@@ -87,6 +87,9 @@ def test_plots_with_and_without_per_repeat_times(tmp_path):
       assert (d / name).stat().st_size > 10_000, (d, name)
   assert report.repeat_speedups(ROWS[0]) == pytest.approx([0.5 / 0.6, 0.54 / 0.608, 0.6 / 0.55])
   assert report.repeat_speedups(old[0]) == []
+  longer = dict(ROWS[0], length_ratio=1.25)  # per generated token, as the cell's speedup
+  assert report.repeat_speedups(longer) == pytest.approx(
+      [1.25 * 0.5 / 0.6, 1.25 * 0.54 / 0.608, 1.25 * 0.6 / 0.55])
 
 
 def test_trace_rows_stop_at_the_end_of_the_output():

@@ -48,9 +48,11 @@ def _quality(row):
 
 
 def repeat_speedups(row) -> list[float]:
-  """Speedup of each timed repeat (baseline and speculative ran side by side), if recorded."""
+  """Speedup of each timed repeat (baseline and speculative ran side by side), if recorded, per
+  generated token as the cell's `speedup` (`length_ratio`: 1 in records from before it)."""
   base, spec = row.get('baseline_times_s') or [], row.get('speculative_times_s') or []
-  return [b / s for b, s in zip(base, spec) if s > 0]
+  scale = row.get('length_ratio') or 1.0
+  return [b / s * scale for b, s in zip(base, spec) if s > 0]
 
 
 def _cell(row, key, fmt):
