@@ -111,6 +111,42 @@ def test_sampled_cell_speedup_is_per_generated_token(pair_dir, tmp_path, monkeyp
   assert r['speedup'] == pytest.approx(r['time_ratio'] * 22 / 24)
 
 
+def test_call_cost_programs_time_the_prediction_terms(pair_dir):
+  """The pieces run (greedy, the pair's draft at gamma 2), and `costs` turns a session's
+  timings into the terms: checked on made-up timings against the formulas by hand."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import specjax  # pylint: disable=import-outside-toplevel
+  target = specjax.load_t5(str(pair_dir / 'target'))
+  draft = specjax.load_t5(str(pair_dir / 'draft'))
+  batches = [np.full((1, 6), 5, np.int32), np.full((1, 6), 7, np.int32)]
+  fns, costs = metrics.call_cost_programs(
+      target, draft, batches, gamma=2, max_new_tokens=9, rng=jax.random.PRNGKey(0),
+      sampling=dict(temperature=0.0), spec_kw={}, steps=4)
+  assert set(fns) == {'base_1', 'base_n', 'spec_1', 'spec_n', 'step', 'block', 'propose'}
+  for f in fns.values():
+    jax.block_until_ready(f())
+  sec = dict(step=0.4, block=0.6, propose=0.2, base_1=2 * 0.5, base_n=2 * 4.5, spec_1=2 * 0.8,
+             spec_n=2 * 2.0)  # per 2 calls; one step is 0.1 s
+  t = costs({k: metrics.Timing(0.0, v, (v,)) for k, v in sec.items()})
+  from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
+
+  def iterations(n):  # per call, as the pieces' speculative decodes made them
+    key = jax.random.PRNGKey(0)
+    outs = [loop.speculative_decode(target, draft, b, gamma=2, max_new_tokens=n, eos_id=-1,
+                                    temperature=0.0, rng=jax.random.fold_in(key, i))
+            for i, b in enumerate(batches)]
+    return sum(int(np.max(o.stats.iterations)) for o in outs) / 2
+  it_1, it_n = iterations(1), iterations(9)
+  assert it_n > it_1 >= 1
+  assert t['step_s'] == pytest.approx(0.1)
+  assert t['block_cost'] == pytest.approx(1.5) and t['proposal'] == pytest.approx(0.5)
+  assert t['base_per_token'] == pytest.approx((45 - 5) / 8)  # per call: 45 - 5 steps, 8 tokens
+  assert t['fixed_base'] == pytest.approx(5 - 5.0)
+  assert t['per_iteration'] == pytest.approx((20 - 8) / (it_n - it_1))
+  assert t['fixed_spec'] == pytest.approx(8 - it_1 * t['per_iteration'])
+  assert t['overhead'] == pytest.approx(t['per_iteration'] - 0.5 - 1.5)
+
+
 def test_padding_rows_do_not_enter_statistics(pair_dir, tmp_path):
   # 3 prompts in batches of 2 vs the same 3 prompts in one batch of 3: identical alpha and counts.
   a = experiment.run(_spec(pair_dir, tmp_path / 'a', gammas=(2,), plots=False))[0]
@@ -190,14 +226,20 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
   hc = head_lib.HeadConfig.for_target(target.config, d_model=16, num_heads=2, d_kv=8, d_ff=32)
   head_lib.save_head(head_lib.init_head_params(hc, jax.random.PRNGKey(0)), hc,
                      tmp_path / 'head')
-  measured, call_costs = [], []
+  measured, sessions = [], []
   monkeypatch.setattr(metrics, 'measure_block_cost',
                       lambda target, batch, cache_len, g: measured.append(g) or 1.6)
+  terms = dict(fixed_base=3.0, base_per_token=0.9, fixed_spec=4.0, per_iteration=2.0,
+               block_cost=1.5, proposal=0.2, overhead=0.3, step_s=1e-3)
 
-  def call_cost(target, draft, batches, *, gamma=0, lengths=(), temperature=0.0):
-    call_costs.append((draft is None, gamma, lengths, temperature))
-    return (3.0, 0.9) if draft is None else (4.0, 2.0)
-  monkeypatch.setattr(metrics, 'measure_call_cost', call_cost)
+  def programs(target, draft, batches, *, gamma, max_new_tokens, rng, sampling, spec_kw):
+    sessions.append((gamma, max_new_tokens, sampling['temperature'], spec_kw['verifier']))
+
+    def costs(timings):  # the pieces were timed in the cell's session
+      assert set(timings) == {'piece'} and timings['piece'].times_s
+      return terms
+    return {'piece': lambda: np.zeros(())}, costs
+  monkeypatch.setattr(metrics, 'call_cost_programs', programs)
   spec = _spec(pair_dir, tmp_path / 'out', gammas=(2,), block_cost=True,
                drafts=(str(pair_dir / 'draft'), str(tmp_path / 'head')))
   rows = experiment.run(spec)
@@ -209,17 +251,14 @@ def test_a_feature_head_is_a_draft_of_the_sweep(pair_dir, tmp_path, monkeypatch)
     assert r['block_cost'] == 1.6 and r['pred_improvement_measured'] == pytest.approx(
         metrics.predicted_speedup(r['tokens_per_target_call'], r['draft_passes_per_call'],
                                   r['c'], 1.6))
-    # The iteration's overhead: its measured cost at gamma 2 beyond 2 passes and the block.
-    assert r['iteration_overhead'] == pytest.approx(2.0 - 2 * r['c'] - 1.6)
+    # The per-call prediction from the terms timed in the cell's own session.
+    assert r['iteration_overhead'] == 0.3 and r['call_costs'] == terms
     assert r['pred_improvement_call'] == pytest.approx(metrics.predicted_sequence_speedup(
         r['generated_tokens'] / r['examples'], r['tokens_per_target_call'],
-        r['draft_passes_per_call'], r['c'], 1.6, fixed_base=3.0, fixed_spec=4.0,
-        base_per_token=0.9, overhead=2.0 - 2 * r['c'] - 1.6))
-  # The plain loop's costs once per temperature, each draft's fixed cost once (T = 0), all at
-  # lengths 1 and the sweep's max_new_tokens.
-  assert sorted(call_costs) == sorted([(True, 0, (1, spec.max_new_tokens), 0.0),
-                                       (False, 2, (1, spec.max_new_tokens), 0.0),
-                                       (False, 2, (1, spec.max_new_tokens), 0.0)])
+        r['draft_passes_per_call'], 0.2 / 2, 1.5, fixed_base=3.0, fixed_spec=4.0,
+        base_per_token=0.9, overhead=0.3))
+  # One session per cell, at the cell's gamma, temperature and verifier.
+  assert sessions == [(2, spec.max_new_tokens, 0.0, 'token')] * 2
   table = console.results_table(rows, 'sweep', width=400)
   assert 'pred (block)' in table and 'pred (call)' in table
   assert '| block cost |' in (tmp_path / 'out' / 'table.md').read_text()

@@ -51,15 +51,16 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
              temperature: float, gamma: int, c: float, *, stop: str = 'fixed',
              verifier: str = 'token', block_cost: float = 1.0, tree: str = '',
              block_costs: tuple[float, ...] | None = None,
-             call_costs: tuple[float, float, float, float] | None = None) -> CellResult:
+             predict_call: bool = False) -> CellResult:
   """Times baseline vs speculative on the same prompts and collects alpha and quality.
 
   `stop` is a stop rule's spelling (specjax.stopping.parse; 'alpha' gets the measured c,
   'budget' c and `block_costs`, the measured curve 1, block cost(1) .. block cost(gamma)), gamma
   then its block width G_MAX; `verifier` names the verification rule. A `tree` ('(3,2,1)')
-  decodes with that token tree instead (specjax.decoding.tree; no trace picture). `call_costs`
-  (fixed_base, base_per_token, fixed_spec, iteration overhead; metrics.measure_call_cost) add
-  the prediction for whole decodes (`theory.predicted_sequence_speedup`)."""
+  decodes with that token tree instead (specjax.decoding.tree; no trace picture).
+  `predict_call` (chains only) adds the prediction for whole decodes
+  (`theory.predicted_sequence_speedup`), its terms timed in the same interleaved session as the
+  cell's decodes (`metrics.call_cost_programs`)."""
   rule = stopping.parse(stop, c=c, block_costs=block_costs)
   kw = dict(max_new_tokens=spec.max_new_tokens, temperature=temperature, top_k=spec.top_k,
             top_p=spec.top_p)
@@ -84,10 +85,20 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   outputs = {}
   # Every batch has the same padded shape, so warming up on the first compiles all there is.
   first = lambda fn: lambda: [o.tokens for o in fn(batches[:1])]
+  fns = {'baseline': metrics.keep_outputs(outputs, 'baseline', run_base),
+         'speculative': metrics.keep_outputs(outputs, 'speculative', run_spec)}
+  costs = None
+  if predict_call and not tree:
+    pieces, costs = metrics.call_cost_programs(
+        target, draft, batches, gamma=gamma, max_new_tokens=spec.max_new_tokens, rng=rng,
+        sampling={k: v for k, v in kw.items() if k != 'max_new_tokens'},
+        spec_kw=dict(stop=rule, verifier=verifier))
+    fns.update({'cost_' + k: f for k, f in pieces.items()})
   timings = metrics.time_interleaved(
-      {'baseline': metrics.keep_outputs(outputs, 'baseline', run_base),
-       'speculative': metrics.keep_outputs(outputs, 'speculative', run_spec)},
-      repeats=spec.repeats, warmups={'baseline': first(run_base), 'speculative': first(run_spec)})
+      fns, repeats=spec.repeats,
+      warmups={'baseline': first(run_base), 'speculative': first(run_spec)})
+  if costs is not None:
+    costs = costs({k[len('cost_'):]: t for k, t in timings.items() if k.startswith('cost_')})
   spec_out, base_out = outputs['speculative'], outputs['baseline']
   stats = valid_stats(spec_out, prompts.rows_valid)
   alpha = stats.alpha
@@ -118,19 +129,17 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
       'pred_improvement_measured': metrics.predicted_speedup(
           stats.tokens_per_target_call, float(stats.draft_passes) / max(int(stats.iterations), 1),
           c, block_cost),
-      'pred_improvement_call': None if call_costs is None else metrics.predicted_sequence_speedup(
+      'pred_improvement_call': None if costs is None else metrics.predicted_sequence_speedup(
           float(np.sum(spec_len)) / prompts.n, stats.tokens_per_target_call,
-          float(stats.draft_passes) / max(int(stats.iterations), 1), c, block_cost,
-          fixed_base=call_costs[0], fixed_spec=call_costs[2], base_per_token=call_costs[1],
-          overhead=call_costs[3]),
-      'fixed_cost_base': None if call_costs is None else call_costs[0],
-      'base_step_per_token': None if call_costs is None else call_costs[1],
-      'fixed_cost_spec': None if call_costs is None else call_costs[2],
-      'iteration_overhead': None if call_costs is None else call_costs[3],
-      # Tokens per second, speculative over autoregressive: the time ratio times the ratio of
-      # tokens generated. At T > 0 the two decodes sample different outputs, whose lengths
-      # differed by up to 15% on 8 verses, and a longer sample takes longer at any speed; at T = 0
-      # the outputs are the same and this is the time ratio. The prediction is per token as well.
+          float(stats.draft_passes) / max(int(stats.iterations), 1), costs['proposal'] / gamma,
+          costs['block_cost'], fixed_base=costs['fixed_base'],
+          fixed_spec=costs['fixed_spec'], base_per_token=costs['base_per_token'],
+          overhead=costs['overhead']),
+      'call_costs': costs,  # the prediction's terms, in 1-token steps of the cell's session
+      'fixed_cost_base': None if costs is None else costs['fixed_base'],
+      'base_step_per_token': None if costs is None else costs['base_per_token'],
+      'fixed_cost_spec': None if costs is None else costs['fixed_spec'],
+      'iteration_overhead': None if costs is None else costs['overhead'],
       'speedup': (metrics.paired_ratio(timings['baseline'], timings['speculative'])
                   * length_ratio),
       'time_ratio': metrics.paired_ratio(timings['baseline'], timings['speculative']),

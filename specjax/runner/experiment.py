@@ -137,13 +137,6 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
       measured |= set(range(1, max(spec.gammas) + 1))
     block_cost = {g: metrics.measure_block_cost(target, prompts.batches_NxBxS[0], cache_len, g)
                   for g in sorted(measured)}
-    # With the block cost, what a whole decode costs besides its steps (per temperature: the
-    # plain loop's cost per token includes its sampling), for the prediction of whole decodes.
-    lengths = (1, spec.max_new_tokens)
-    call_base = ({t: metrics.measure_call_cost(target, None, prompts.batches_NxBxS,
-                                               lengths=lengths, temperature=t)
-                  for t in spec.temperatures}
-                 if spec.block_cost else {})
     for draft_name in spec.drafts:
       draft_cells = [c for c in todo if c['task'] == task and c['draft'] == draft_name]
       if not draft_cells:
@@ -152,16 +145,6 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
       identity = json.dumps([shared['target'], draft_ids[draft_name], task], sort_keys=True)
       draft = drafts_lib.build(spec, draft_name, target, tokenizer, task, mesh, identity)
       c = metrics.measure_c(target, draft, prompts.batches_NxBxS[0], cache_len)
-      # A call's fixed cost does not depend on the temperature (its sampling is per iteration).
-      # Its cost per iteration at the smallest gamma, beyond the passes and the block the cost
-      # model charges, is the iteration's overhead (verification, commit, a feature head's
-      # window pass over gamma + 1 positions): charged to every cell of this draft.
-      spec_costs = None
-      if call_base:
-        g0 = min(spec.gammas)
-        fixed_spec, per_iteration = metrics.measure_call_cost(
-            target, draft, prompts.batches_NxBxS, gamma=g0, lengths=lengths, temperature=0.0)
-        spec_costs = (fixed_spec, per_iteration - g0 * c - block_cost.get(g0, 1.0))
       for cell in draft_cells:
         temperature, gamma = cell['temperature'], cell['gamma']
         progress.set_postfix_str(f'{task} {label} T={temperature} gamma={gamma}')
@@ -169,8 +152,7 @@ def _run_cells(spec, todo, mesh, results, shared, draft_ids, expected, current, 
                           temperature, gamma, c, stop=cell['stop'], verifier=cell['verifier'],
                           block_cost=block_cost.get(gamma, 1.0), tree=cell.get('tree', ''),
                           block_costs=curve(block_cost, gamma),
-                          call_costs=(call_base[temperature] + spec_costs
-                                      if temperature in call_base else None))
+                          predict_call=spec.block_cost)
         if shown is None or temperature < shown[0]:  # greedy examples when the sweep has them
           shown = (temperature, gamma, label, result.examples)
         if (spec.plots and temperature == min(spec.temperatures) and gamma == max(spec.gammas)

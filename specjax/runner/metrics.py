@@ -103,6 +103,14 @@ def measure_proposal_cost(target, draft, batch_BxS, cache_len: int, gamma: int,
   one-token passes, a parallel head's one pass, a T5 draft's gamma steps) over the target's
   1-token step, each timed inside one compiled loop of `steps` calls at the same offsets (as
   `measure_c`). gamma * c prices a sequential draft's block; this measures any draft's."""
+  fns = {'a': proposal_loop(target, draft, batch_BxS, cache_len, gamma, steps),
+         'b': target_step_loop(target, batch_BxS, cache_len, 1, cache_len // 2, steps)}
+  return _ratio(fns, repeats, rounds)
+
+
+def proposal_loop(target, draft, batch_BxS, cache_len: int, gamma: int, steps: int = 32):
+  """A callable: `steps` proposals of a `gamma`-token block (fixed length, greedy) in one
+  compiled loop, at offset cache_len // 2, the drafts fed back."""
   from specjax.decoding import model_draft, protocol, stopping  # pylint: disable=import-outside-toplevel
   from specjax.decoding.sampling import Sampling  # pylint: disable=import-outside-toplevel
   draft = model_draft.as_draft(draft)
@@ -121,10 +129,18 @@ def measure_proposal_cost(target, draft, batch_BxS, cache_len: int, gamma: int,
                          stop=stopping.Fixed(), limit_B=limit_B)
     return prop.state, seq.at[:, 1].set(prop.tokens_BxG[:, -1])  # the drafts feed the next
 
-  fns = {'a': lambda: jax.lax.fori_loop(0, steps, body_fn, (state, seq_BxN))[1],
-         'b': lambda: step_loop(target, target_cache, jnp.zeros((b, 1), jnp.int32), lengths_B,
-                                steps=steps)}
-  return _ratio({k: jax.jit(f) for k, f in fns.items()}, repeats, rounds)
+  return jax.jit(lambda: jax.lax.fori_loop(0, steps, body_fn, (state, seq_BxN))[1])
+
+
+def target_step_loop(target, batch_BxS, cache_len: int, k: int, offset: int, steps: int = 32):
+  """A callable: `steps` K-token target steps at cache offset `offset` in one compiled loop
+  (`step_loop`)."""
+  ids_BxS = jnp.asarray(batch_BxS)
+  b = ids_BxS.shape[0]
+  cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
+  lengths_B = jnp.full((b,), offset, jnp.int32)
+  tok_BxK = jnp.zeros((b, k), jnp.int32)
+  return lambda: step_loop(target, cache, tok_BxK, lengths_B, steps=steps)
 
 
 def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: int = 15,
@@ -132,16 +148,10 @@ def measure_block_cost(target, batch_BxS, cache_len: int, gamma: int, repeats: i
   """The target's (gamma+1)-token decode step over its 1-token step, same batch and offsets, each
   timed inside one compiled loop (as `measure_c`, the median of `rounds`): the denominator's
   block cost in `predicted_speedup`."""
-  ids_BxS = jnp.asarray(batch_BxS)
-  b = ids_BxS.shape[0]
-  lengths_B = jnp.full((b,), max(cache_len // 2 - gamma - 1, 0), jnp.int32)
-  cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
-
-  def stepper(k):
-    tok_BxK = jnp.zeros((b, k), jnp.int32)
-    return lambda: step_loop(target, cache, tok_BxK, lengths_B, steps=steps)
-
-  return _ratio({'a': stepper(gamma + 1), 'b': stepper(1)}, repeats, rounds)
+  offset = max(cache_len // 2 - gamma - 1, 0)
+  return _ratio({'a': target_step_loop(target, batch_BxS, cache_len, gamma + 1, offset, steps),
+                 'b': target_step_loop(target, batch_BxS, cache_len, 1, offset, steps)},
+                repeats, rounds)
 
 
 def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_cost: float,
@@ -179,50 +189,62 @@ def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_
   return t_iter / t_step - block_cost - c * int(stats.draft_passes) / iters
 
 
-def measure_call_cost(target, draft, batches, *, gamma: int = 0, lengths=(1, 32),
-                      temperature: float = 0.0, repeats: int = 5, steps: int = 32):
-  """(fixed, per_unit): what decoding `batches` (one call per batch, EOS ignored) costs, in the
-  target's 1-token steps per call, as a straight line through two output lengths. per_unit is
-  per generated token for autoregressive decoding (`draft` None), per iteration for speculative
-  decoding at `gamma`; fixed is what a call costs besides -- the encoders over the source, the
-  first step, dispatch, the result's copy back. Theorem 3.8 prices only the steps; on a small
-  model the fixed part is a sizeable share of a short decode, and speculation does not shorten
-  it (`theory.predicted_sequence_speedup`). The cost per token grows with the cache length, so
-  the long length should be the decodes' own max_new_tokens; the short one, 1, makes `fixed`
-  the 1-length call minus one unit (the least leaning on the slope)."""
+def call_cost_programs(target, draft, batches, *, gamma: int, max_new_tokens: int, rng,
+                       sampling: dict, spec_kw: dict, steps: int = 32):
+  """The pieces of the per-call prediction (`theory.predicted_sequence_speedup`) as callables,
+  for one `time_interleaved` session with a cell's own decodes; and `costs(timings)`, which
+  turns that session's timings into the prediction's terms, in the target's 1-token steps.
+
+  Each piece measured in the session it predicts: on small shared hosts the memory's speed
+  drifts by 10-30% between minutes, and moves the terms unequally (the target's steps stream
+  DRAM, a small draft's passes and the loop's bookkeeping mostly do not), so terms timed in
+  other sessions predicted the same cell 16-48% off in either direction; from one session the
+  prediction came within 1-16%. The pieces: decodes of 1 and `max_new_tokens` tokens that
+  ignore EOS (autoregressive with `sampling`, speculative at `gamma` with `spec_kw` as well),
+  whose difference prices a generated token (an iteration) and whose intercept is what a call
+  costs besides (the encoders, the first step, dispatch, the copy back); the target's 1- and
+  (gamma + 1)-token steps and the draft's gamma-token proposal inside compiled loops."""
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
   batches = [jnp.asarray(b) for b in batches]
-  b0 = batches[0]
-  cache_len = max(lengths) + gamma + 1
-  cache = jax.jit(target.init_cache, static_argnums=1)(b0, cache_len)
-  tok_Bx1 = jnp.zeros((b0.shape[0], 1), jnp.int32)
-  lengths_B = jnp.full((b0.shape[0],), cache_len // 2, jnp.int32)
+  cache_len = max_new_tokens + gamma + 1
+  offset = max(cache_len // 2 - gamma - 1, 0)  # as measure_block_cost
   outs = {}
+  kw = dict(sampling, eos_id=-1)
 
-  def decode(n):
+  def decode(name, n, spec):
     def run():
-      if draft is None:
-        outs[n] = [loop.autoregressive_decode(target, b, rng=i, max_new_tokens=n, eos_id=-1,
-                                              temperature=temperature)
-                   for i, b in enumerate(batches)]
+      if not spec:
+        outs[name] = [loop.autoregressive_decode(target, b, rng=jax.random.fold_in(rng, i),
+                                                 max_new_tokens=n, **kw)
+                      for i, b in enumerate(batches)]
       else:
-        outs[n] = [loop.speculative_decode(target, draft, b, gamma=gamma, rng=i, eos_id=-1,
-                                           max_new_tokens=n, temperature=temperature)
-                   for i, b in enumerate(batches)]
-      return [o.tokens for o in outs[n]]
+        outs[name] = [loop.speculative_decode(target, draft, b, gamma=gamma, max_new_tokens=n,
+                                              rng=jax.random.fold_in(rng, i), **spec_kw, **kw)
+                      for i, b in enumerate(batches)]
+      return [o.tokens for o in outs[name]]
     return run
 
-  fns = {n: decode(n) for n in lengths}
-  fns['step'] = lambda: step_loop(target, cache, tok_Bx1, lengths_B, steps=steps)
-  timings = time_interleaved(fns, repeats=repeats)
-  t_step = timings['step'].median_s / steps
-  short, long = sorted(lengths)
+  fns = {'base_1': decode('base_1', 1, False),
+         'base_n': decode('base_n', max_new_tokens, False),
+         'spec_1': decode('spec_1', 1, True), 'spec_n': decode('spec_n', max_new_tokens, True),
+         'step': target_step_loop(target, batches[0], cache_len, 1, offset, steps),
+         'block': target_step_loop(target, batches[0], cache_len, gamma + 1, offset, steps),
+         'propose': proposal_loop(target, draft, batches[0], cache_len, gamma, steps)}
 
-  def units(n):  # per call
-    if draft is None:
-      return float(n)
-    return sum(int(jnp.max(o.stats.iterations)) for o in outs[n]) / len(batches)
+  def costs(timings) -> dict[str, float]:
+    t_step = timings['step'].median_s / steps
+    per_call = {k: timings[k].median_s / len(batches) / t_step
+                for k in ('base_1', 'base_n', 'spec_1', 'spec_n')}
+    iters = {k: sum(int(jnp.max(o.stats.iterations)) for o in outs[k]) / len(batches)
+             for k in ('spec_1', 'spec_n')}
+    per_token = (per_call['base_n'] - per_call['base_1']) / max(max_new_tokens - 1, 1)
+    per_iteration = ((per_call['spec_n'] - per_call['spec_1'])
+                     / max(iters['spec_n'] - iters['spec_1'], 1e-9))
+    block_cost = timings['block'].median_s / timings['step'].median_s
+    proposal = timings['propose'].median_s / timings['step'].median_s
+    return {'fixed_base': per_call['base_1'] - per_token, 'base_per_token': per_token,
+            'fixed_spec': per_call['spec_1'] - iters['spec_1'] * per_iteration,
+            'per_iteration': per_iteration, 'block_cost': block_cost, 'proposal': proposal,
+            'overhead': per_iteration - proposal - block_cost, 'step_s': t_step}
 
-  per_call = {n: timings[n].median_s / len(batches) / t_step for n in lengths}
-  per_unit = (per_call[long] - per_call[short]) / max(units(long) - units(short), 1e-9)
-  return per_call[short] - units(short) * per_unit, per_unit
+  return fns, costs
