@@ -58,8 +58,9 @@ class RunSpec:
   repeats: int = option(3, 'timed repeats per cell (median reported; compile excluded)')
   block_cost: bool = option(False, "measure the target's (gamma+1)-token step over its 1-token "
                             'step once per task and predict with it beside Theorem 3.8 (always '
-                            "on with stop rules), and each call's fixed cost and each iteration's "
-                            'overhead for pred (call)')
+                            'on with stop rules); and pred (call): its terms (fixed cost per '
+                            'call, cost per token / iteration, block, proposal) timed in each '
+                            "cell's own session beside its decodes")
   dtype: str = option('bfloat16', 'parameter dtype; logits and acceptance are float32 regardless')
   matmul_precision: str = option('', "'' = XLA's default; 'highest' with dtype float32 keeps "
                                  'greedy output token-identical on GPUs (docs/performance.md)')
