@@ -167,11 +167,7 @@ def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_
   add it to the price of every iteration (stopping.Budget's `overhead`)."""
   from specjax.decoding import loop  # pylint: disable=import-outside-toplevel
   ids_BxS = jnp.asarray(prompts_BxS)
-  b = ids_BxS.shape[0]
   cache_len = max_new_tokens + gamma + 1
-  cache = jax.jit(target.init_cache, static_argnums=1)(ids_BxS, cache_len)
-  tok_Bx1 = jnp.zeros((b, 1), jnp.int32)
-  lengths_B = jnp.full((b,), cache_len // 2, jnp.int32)
   out = {}
 
   def spec():
@@ -179,9 +175,8 @@ def measure_overhead(target, draft, prompts_BxS, *, gamma: int, c: float, block_
                                        max_new_tokens=max_new_tokens, temperature=temperature)
     return out['o'].tokens
 
-  timings = time_interleaved(
-      {'step': lambda: step_loop(target, cache, tok_Bx1, lengths_B, steps=steps), 'spec': spec},
-      repeats=repeats)
+  step = target_step_loop(target, ids_BxS, cache_len, 1, cache_len // 2, steps)
+  timings = time_interleaved({'step': step, 'spec': spec}, repeats=repeats)
   stats = jax.device_get(out['o'].stats)
   iters = max(int(stats.iterations), 1)
   t_step = timings['step'].median_s / steps
