@@ -108,6 +108,7 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
   decode = lambda toks: tokenizer.batch_decode(toks, skip_special_tokens=True)
   base_text, spec_text = decode(base_tokens), decode(spec_tokens)
   length_ratio = float(np.sum(spec_len)) / max(float(np.sum(base_len)), 1.0)
+  time_ratio = metrics.paired_ratio(timings['baseline'], timings['speculative'])
   label = spec.draft_label(draft_name)
   paper_row = paper.table2_row(task, label, temperature)
   paper_gamma = bool(paper_row and paper_row['gamma'] == gamma)
@@ -135,14 +136,15 @@ def run_cell(spec, task: str, draft_name: str, target, draft, tokenizer, prompts
           costs['block_cost'], fixed_base=costs['fixed_base'],
           fixed_spec=costs['fixed_spec'], base_per_token=costs['base_per_token'],
           overhead=costs['overhead']),
-      'call_costs': costs,  # the prediction's terms, in 1-token steps of the cell's session
+      # The prediction's terms in the target's 1-token steps of the cell's session (step_s: the
+      # length of that step in seconds).
+      'call_costs': costs,
       'fixed_cost_base': None if costs is None else costs['fixed_base'],
       'base_step_per_token': None if costs is None else costs['base_per_token'],
       'fixed_cost_spec': None if costs is None else costs['fixed_spec'],
       'iteration_overhead': None if costs is None else costs['overhead'],
-      'speedup': (metrics.paired_ratio(timings['baseline'], timings['speculative'])
-                  * length_ratio),
-      'time_ratio': metrics.paired_ratio(timings['baseline'], timings['speculative']),
+      'speedup': time_ratio * length_ratio,
+      'time_ratio': time_ratio,
       'length_ratio': length_ratio,
       'baseline_generated_tokens': int(np.sum(base_len)),
       'baseline_s': timings['baseline'].median_s, 'speculative_s': timings['speculative'].median_s,
