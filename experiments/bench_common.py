@@ -484,7 +484,8 @@ def dev_prompts(which: str, n: int, target, *, smoke: bool = False):
 
 def head_draft(pair: str, target):
   """(the feature head draft for `pair`'s target, its description): the shipped tiny pair's head
-  with its 2582-id draft vocabulary (configs/tiny.py), or a random head for the smoke pair."""
+  with its 2582-id draft vocabulary, stored in int8 (configs/tiny.py), or a random head for the
+  smoke pair."""
   import jax  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
   from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
@@ -497,8 +498,8 @@ def head_draft(pair: str, target):
   if pair != 'tiny' or tiny_pair_dirs() is None or not os.path.isdir(head_dir):
     raise SystemExit(f'--draft=head: no feature head for the {pair} pair (the shipped tiny pair '
                      'has one)')
-  return (FeatureHeadDraft.for_target(target, head_dir, vocab=2582),
-          'the shipped feature head (2582 of 4000 ids)')
+  return (FeatureHeadDraft.for_target(target, head_dir, vocab=2582, weights='int8'),
+          'the shipped feature head (2582 of 4000 ids, int8)')
 
 
 def load_pair_jax(target_dir, draft_dir, dtype=None):

@@ -232,3 +232,31 @@ def test_runner_head_spec(tmp_path):
   built = drafts.build(None, d + ':vocab=10', target, None, 'task')
   assert isinstance(built, FeatureHeadDraft) and built.draft_vocab == 10
   assert drafts.build(None, d, target, None, 'task').slot_V is None
+
+
+def test_runner_head_spec_weights(tmp_path):
+  """'DIR:weights=int8' stores the head's matrices as asked (the same head as
+  for_target(weights='int8')); a bad format is a one-line error naming the option."""
+  from specjax.models import cpu_kernels  # pylint: disable=import-outside-toplevel
+  from specjax.runner import config as config_lib  # pylint: disable=import-outside-toplevel
+  from specjax.runner import drafts, report  # pylint: disable=import-outside-toplevel
+  assert drafts.HEAD_WEIGHTS == cpu_kernels.WEIGHTS
+  target, head = fh._greedy_pair()  # pylint: disable=protected-access
+  d = str(tmp_path / 'head')
+  head_lib.save_head(head.params, head.config, d)
+  head_lib.save_vocab(d, *head_lib.token_order([np.arange(48)], 48), 'test')
+  assert drafts.head_spec(d + ':vocab=10,weights=int8') == (d, {'vocab': 10, 'weights': 'int8'})
+  config_lib.check_head('drafts[1]', d + ':vocab=10,weights=int8')
+  for bad in (':weights=int4', ':weights=', ':weights=8'):
+    with pytest.raises(ValueError, match=r'weights=.* one of float32, bfloat16, int8'):
+      drafts.head_spec(d + bad)
+    with pytest.raises(ConfigError, match=r'config.drafts\[1\]: feature-head option weights='):
+      config_lib.check_head('drafts[1]', d + bad)
+  assert report.describe(d + ':vocab=10,weights=int8').endswith(', 10 of 48 ids, int8')
+  built = drafts.build(None, d + ':weights=int8', target, None, 'task')
+  want = FeatureHeadDraft.for_target(target, d, weights='int8')
+  for a, b in zip(jax.tree.leaves(built.params), jax.tree.leaves(want.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  plain = drafts.build(None, d, target, None, 'task')
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b))
+             for a, b in zip(jax.tree.leaves(built.params), jax.tree.leaves(plain.params)))

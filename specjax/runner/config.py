@@ -230,7 +230,8 @@ def check_checkpoint(field: str, path: str):
 def check_head(field: str, name: str, gammas=(), trees: str = ''):
   """A feature-head directory: a readable head_config.json, an intact head.safetensors and valid
   options ('DIR:vocab=1000': a count within the vocabulary and a readable vocab.json;
-  'DIR:parallel=1': a head with parallel blocks for every gamma, and no trees)."""
+  'DIR:parallel=1': a head with parallel blocks for every gamma, and no trees;
+  'DIR:weights=int8': a storage format, drafts.HEAD_WEIGHTS)."""
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
   try:
     path, options = drafts_lib.head_spec(name)

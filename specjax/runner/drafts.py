@@ -80,7 +80,12 @@ def check_name(field: str, name: str):
 HEAD_OPTIONS = {'vocab': 'the V_d most frequent target ids (a truncated draft vocabulary, '
                          "read from the head's vocab.json)",
                 'parallel': '1: one head pass drafts the whole block (a head trained with '
-                            'parallel blocks)'}
+                            'parallel blocks)',
+                'weights': "how the CPU kernels store the head's matrices: float32, bfloat16 or "
+                           'int8 (a cheaper pass; q changes, the output law does not)'}
+# The storage formats `weights=` accepts (specjax.models.cpu_kernels.WEIGHTS; spelled out here so
+# that parsing a config imports no JAX).
+HEAD_WEIGHTS = ('float32', 'bfloat16', 'int8')
 
 
 def _head_files(path: str) -> bool:
@@ -101,19 +106,26 @@ def is_head_dir(name: str) -> bool:
   return head_path(name) is not None
 
 
-def head_spec(name: str) -> tuple[str, dict[str, int]]:
+def head_spec(name: str) -> tuple[str, dict[str, int | str]]:
   """(directory, options) of a feature-head draft name: 'DIR' -> (DIR, {}), 'DIR:vocab=1000' ->
   (DIR, {'vocab': 1000}); options are `key=value` pairs separated by commas. A one-line
-  ValueError naming the option for an unknown key or a value that is no positive integer."""
+  ValueError naming the option for an unknown key or a bad value (`weights` one of
+  HEAD_WEIGHTS, the others positive integers)."""
   path = head_path(name)
   if path is None:
     raise ValueError(f'{name!r} is not a feature-head directory')
-  options: dict[str, int] = {}
+  options: dict[str, int | str] = {}
   for item in filter(None, name[len(path) + 1:].split(',')):
     key, _, value = item.partition('=')
     if key not in HEAD_OPTIONS:
       hint = configuring.did_you_mean(key, HEAD_OPTIONS) or f' (known: {", ".join(HEAD_OPTIONS)})'
       raise ValueError(f'unknown feature-head option {key!r} in {name!r}{hint}')
+    if key == 'weights':
+      if value not in HEAD_WEIGHTS:
+        raise ValueError(f'feature-head option weights={value!r} in {name!r}: one of '
+                         f'{", ".join(HEAD_WEIGHTS)}')
+      options[key] = value
+      continue
     try:
       options[key] = int(value)
     except ValueError:
@@ -139,6 +151,7 @@ def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: st
       path, options = head_spec(name)
       return FeatureHeadDraft.for_target(target, os.path.expanduser(path),
                                          vocab=options.get('vocab'),
+                                         weights=options.get('weights'),
                                          parallel=bool(options.get('parallel')))
     except ValueError as e:
       raise ConfigError(f'config.drafts: {e}') from None

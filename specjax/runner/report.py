@@ -125,7 +125,8 @@ def describe(model: str) -> str:
     n = head_lib.param_count(config) - config.d_model * (config.vocab_size - vd)
     kept = f', {vd} of {config.vocab_size} ids' if vd < config.vocab_size else ''
     mode = ', parallel' if options.get('parallel') else ''
-    return f'feature head {n / 1e6:.1f}M{kept}{mode}'
+    stored = f", {options['weights']}" if 'weights' in options else ''
+    return f'feature head {n / 1e6:.1f}M{kept}{mode}{stored}'
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return model
   from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel
