@@ -228,7 +228,7 @@ def test_runner_head_spec(tmp_path):
     config_lib.check_head('drafts[0]', d + ':vocab=60')
   ident = results.draft_settings(None, d + ':vocab=10', {})
   assert ident['options'] == {'vocab': 10} and ident['path'] == results.path_identity(d)['path']
-  assert report.describe(d + ':vocab=10').endswith(', 10 of 48 ids')
+  assert report.describe(d + ':vocab=10').endswith(', 10/48 ids')
   built = drafts.build(None, d + ':vocab=10', target, None, 'task')
   assert isinstance(built, FeatureHeadDraft) and built.draft_vocab == 10
   assert drafts.build(None, d, target, None, 'task').slot_V is None
@@ -252,7 +252,7 @@ def test_runner_head_spec_weights(tmp_path):
       drafts.head_spec(d + bad)
     with pytest.raises(ConfigError, match=r'config.drafts\[1\]: feature-head option weights='):
       config_lib.check_head('drafts[1]', d + bad)
-  assert report.describe(d + ':vocab=10,weights=int8').endswith(', 10 of 48 ids, int8')
+  assert report.describe(d + ':vocab=10,weights=int8').endswith(' int8, 10/48 ids')
   built = drafts.build(None, d + ':weights=int8', target, None, 'task')
   want = FeatureHeadDraft.for_target(target, d, weights='int8')
   for a, b in zip(jax.tree.leaves(built.params), jax.tree.leaves(want.params)):

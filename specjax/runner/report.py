@@ -123,10 +123,11 @@ def describe(model: str) -> str:
       return os.path.basename(os.path.normpath(path))
     vd = min(options.get('vocab', config.vocab_size), config.vocab_size)
     n = head_lib.param_count(config) - config.d_model * (config.vocab_size - vd)
-    kept = f', {vd} of {config.vocab_size} ids' if vd < config.vocab_size else ''
+    # Short enough that the compact table keeps its pred (call) column at 100 characters.
+    kept = f', {vd}/{config.vocab_size} ids' if vd < config.vocab_size else ''
     mode = ', parallel' if options.get('parallel') else ''
-    stored = f", {options['weights']}" if 'weights' in options else ''
-    return f'feature head {n / 1e6:.1f}M{kept}{mode}{stored}'
+    stored = f" {options['weights']}" if 'weights' in options else ''
+    return f'feature head {n / 1e6:.1f}M{stored}{kept}{mode}'
   if not os.path.isfile(os.path.join(path, 'config.json')):
     return model
   from specjax.models import checkpoints  # pylint: disable=import-outside-toplevel
