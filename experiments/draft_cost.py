@@ -48,14 +48,11 @@ def parse_args(argv=None):
 def load_draft(name: str, target, root: str):
   """A T5 draft or a feature head (with its options) by name, as pair_eval reads them."""
   import specjax  # pylint: disable=import-outside-toplevel
-  from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
   from specjax.runner import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
   path = name if os.path.isdir(os.path.expanduser(name.split(':')[0])) else os.path.join(root,
                                                                                           name)
   if drafts_lib.is_head_dir(path):
-    path, options = drafts_lib.head_spec(path)
-    return FeatureHeadDraft.for_target(target, path, vocab=options.get('vocab'),
-                                       parallel=bool(options.get('parallel')))
+    return drafts_lib.head_draft(target, path)
   return specjax.load_t5(path, quantize='lossless')  # as the runner loads a draft
 
 

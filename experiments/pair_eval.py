@@ -72,7 +72,6 @@ def evaluate(a, smoke_root) -> dict:
   import sacrebleu  # pylint: disable=import-outside-toplevel
   import specjax  # pylint: disable=import-outside-toplevel
   from specjax import data  # pylint: disable=import-outside-toplevel
-  from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
   from specjax.models import head as head_lib  # pylint: disable=import-outside-toplevel
   from specjax.models.t5 import param_count  # pylint: disable=import-outside-toplevel
   from specjax.runner import drafts as drafts_lib  # pylint: disable=import-outside-toplevel
@@ -115,10 +114,8 @@ def evaluate(a, smoke_root) -> dict:
   # ';' separates drafts when a head's options hold a ',' ('head:vocab=2582,parallel=1').
   for name in a.drafts.split(';' if ';' in a.drafts else ','):
     path = resolve(name.strip(), root)
-    if drafts_lib.is_head_dir(path):  # 'head', 'head:vocab=2582' (truncated), ':parallel=1'
-      path, options = drafts_lib.head_spec(path)
-      draft = FeatureHeadDraft.for_target(target, path, vocab=options.get('vocab'),
-                                          parallel=bool(options.get('parallel')))
+    if drafts_lib.is_head_dir(path):  # 'head', 'head:vocab=2582' (truncated), ':parallel=1', ':weights=int8'
+      draft = drafts_lib.head_draft(target, path)
       row = {'draft': name, 'kind': 'feature head',
              'params_m': sum(int(x.size) for x in draft.params.values()) / 1e6}
     else:

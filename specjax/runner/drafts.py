@@ -146,16 +146,22 @@ def build(spec, name: str, target, tokenizer, task: str, mesh=None, identity: st
   if is_known(name):
     return decoding_drafts()[name].from_target(target)
   if is_head_dir(name):
-    from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
     try:
-      path, options = head_spec(name)
-      return FeatureHeadDraft.for_target(target, os.path.expanduser(path),
-                                         vocab=options.get('vocab'),
-                                         weights=options.get('weights'),
-                                         parallel=bool(options.get('parallel')))
+      return head_draft(target, name)
     except ValueError as e:
       raise ConfigError(f'config.drafts: {e}') from None
   return _checkpoint(ctx, name)
+
+
+def head_draft(target, name: str):
+  """The FeatureHeadDraft a head draft name ('DIR:vocab=2582,weights=int8') makes for `target`,
+  every option applied (the runner and the experiments build heads here). ValueError for a bad
+  name or option."""
+  from specjax.decoding.feature_head import FeatureHeadDraft  # pylint: disable=import-outside-toplevel
+  path, options = head_spec(name)
+  return FeatureHeadDraft.for_target(target, os.path.expanduser(path), vocab=options.get('vocab'),
+                                     weights=options.get('weights'),
+                                     parallel=bool(options.get('parallel')))
 
 
 def _checkpoint(ctx: DraftContext, path: str):
