@@ -27,8 +27,8 @@ def get_config(arg=None):
   # occur in the training verses' targets (its vocab.json; the other 1418 never do): alpha as with
   # all 4000, a quarter less per pass (docs/tiny_pair.md, truncated draft vocabulary). Its
   # matrices are stored in int8 for the CPU kernels: a draft's weights change q only, never the
-  # output law; alpha as in bf16 on 32 test verses, a gamma-3 proposal 0.27 -> 0.22 target steps
-  # (docs/cpu_kernels.md).
+  # output law; alpha within 0.005 of the bf16 head's, a gamma-3 proposal 0.29 -> 0.21 target
+  # steps (experiments/pair_eval.py, draft_cost.py; docs/cpu_kernels.md).
   c.drafts = (os.path.join(ASSETS, 'draft'),
               os.path.join(ASSETS, 'head') + ':vocab=2582,weights=int8')
   c.tasks = ('bible_en_es',)
